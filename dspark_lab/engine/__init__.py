@@ -1,0 +1,10 @@
+"""The speculative engine: targets, taps, drafters, the verify loop and sampling.
+
+The engine never imports the lab; the lab measures the engine."""
+
+from .generate import GenResult, greedy_generate, lookup_generate, speculative_loop
+from .loading import load_target
+from .sampling import SamplingParams
+from .target import Target
+
+__all__ = ["GenResult", "SamplingParams", "Target", "greedy_generate", "load_target", "lookup_generate", "speculative_loop"]

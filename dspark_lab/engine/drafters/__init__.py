@@ -1,0 +1,1 @@
+"""Drafters: what proposes tokens for the target to verify."""

@@ -1,0 +1,229 @@
+"""Plain decoding and the speculative verify loop.
+
+State between rounds: the target cache holds the prompt and every output token except the
+newest one, `pending`. A round drafts k tokens, feeds `[pending] + drafts` to the target in one
+forward, keeps the longest accepted prefix plus the target's own next token, and trims the
+k - n rejected positions from the cache. Output is therefore exactly what the target alone
+would produce (greedy) or an exact sample of it (temperature > 0).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import mlx.core as mx
+
+from ..errors import InputError
+from .drafters.lookup import LookupConfig, NgramIndex
+from .sampling import SamplingParams, pick_token, verify
+from .target import Target
+from .text import TextStream, encode_prompt
+
+
+@dataclass
+class GenResult:
+    text: str
+    token_ids: list[int]
+    num_tokens: int
+    num_rounds: int  # target forwards after prefill (each commits >= 1 token)
+    target_forwards: int  # all target forwards, prefill included
+    accept_lengths: list[int]  # tokens committed per round (accepted drafts + the target's own)
+    mean_accept_len: float
+    tokens_per_sec: float  # num_tokens / wall time including prefill
+    decode_tokens_per_sec: float  # tokens after the first / time after the first token
+    prefill_seconds: float
+    ttft_seconds: float
+    finish_reason: str  # "stop" (EOS or a stop string) | "length"
+    prompt_tokens: int = 0
+    draft_lengths: list[int] = field(default_factory=list)  # tokens drafted per round
+    mode: str = "baseline"
+
+    def per_position_acceptance(self) -> list[float]:
+        """d_i: of the rounds that drafted at least i+1 tokens, the share that accepted them."""
+        depth = max(self.draft_lengths, default=0)
+        out = []
+        for i in range(depth):
+            tried = [a - 1 for a, d in zip(self.accept_lengths, self.draft_lengths) if d > i]
+            out.append(sum(1 for a in tried if a > i) / len(tried))
+        return out
+
+
+def check_max_new_tokens(max_new_tokens: int) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
+
+
+class _Clock:
+    """Wall times for GenResult: start, first token, end."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+
+    def first_token(self) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+
+    def result(self, stream: TextStream, *, prompt_tokens, rounds, forwards, accepts, drafts, mode) -> GenResult:
+        end = time.perf_counter()
+        first = self.first or end
+        n = len(stream.token_ids)
+        total, decode = end - self.start, end - first
+        return GenResult(
+            text=stream.text,
+            token_ids=list(stream.token_ids),
+            num_tokens=n,
+            num_rounds=rounds,
+            target_forwards=forwards,
+            accept_lengths=accepts,
+            mean_accept_len=(sum(accepts) / len(accepts)) if accepts else 0.0,
+            tokens_per_sec=n / total if total > 0 else 0.0,
+            decode_tokens_per_sec=(n - 1) / decode if n > 1 and decode > 0 else 0.0,
+            prefill_seconds=first - self.start,
+            ttft_seconds=first - self.start,
+            finish_reason=stream.finish_reason or "length",
+            prompt_tokens=prompt_tokens,
+            draft_lengths=drafts,
+            mode=mode,
+        )
+
+
+def _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template):
+    check_max_new_tokens(max_new_tokens)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    prompt_ids = encode_prompt(tokenizer, prompt, apply_chat_template=apply_chat_template)
+    if params.seed is not None:
+        mx.random.seed(params.seed)
+    return params, prompt_ids
+
+
+def greedy_generate(
+    target: Target,
+    tokenizer,
+    prompt: str | Sequence[int] | list[dict],
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] | str | None = None,
+    on_text: Callable[[str], None] | None = None,
+    apply_chat_template: bool = True,
+) -> GenResult:
+    """Plain one-token-per-forward decoding, pipelined: step t+1 is scheduled on the device
+    (`mx.async_eval`) before the host reads token t, so the host never leaves the GPU idle."""
+    params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
+    stream = TextStream(tokenizer, stop, on_text)
+    clock = _Clock()
+    cache = target.make_cache()
+
+    def step(ids, last_only=False):
+        return pick_token(target.forward(ids, cache, last_only=last_only).logits[-1], params)
+
+    y = step(mx.array(prompt_ids, dtype=mx.uint32), last_only=True)
+    mx.async_eval(y)
+    forwards, reads = 1, 0
+    while True:
+        if len(stream.token_ids) + 1 < max_new_tokens:
+            y_next = step(y.reshape(1))
+            mx.async_eval(y_next)
+            forwards += 1
+        else:
+            y_next = None
+        token = y.item()
+        reads += 1
+        clock.first_token()
+        if stream.add([token]):
+            break
+        if y_next is None:
+            stream.finish("length")
+            break
+        y = y_next
+    rounds = reads - 1  # tokens after the first each came from one decode forward
+    return clock.result(stream, prompt_tokens=len(prompt_ids), rounds=rounds, forwards=forwards,
+                        accepts=[1] * rounds, drafts=[0] * rounds, mode="baseline")
+
+
+def speculative_loop(
+    target: Target,
+    tokenizer,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    max_new_tokens: int,
+    propose: Callable[[list[int], int], tuple[list[int], mx.array | None]],
+    cap: int,
+    stream: TextStream,
+    mode: str,
+    on_commit: Callable[[list[int]], None] | None = None,
+) -> GenResult:
+    """The verify loop shared by every drafter. `propose(new_tokens, cap)` is told the tokens
+    committed since its last call and returns (drafts, draft_probs or None)."""
+    clock = _Clock()
+    cache = target.make_cache()
+    first = pick_token(target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, last_only=True).logits[-1], params)
+    pending = first.item()
+    clock.first_token()
+    forwards, accepts, drafted = 1, [], []
+    new = [pending]
+    done = stream.add(new)
+    produced = 1
+    while not done and produced < max_new_tokens:
+        # Never draft past the length limit: the last round may commit at most `room` tokens.
+        room = max_new_tokens - produced
+        drafts, q = propose(new, min(cap, room - 1))
+        ids = mx.array([pending] + drafts, dtype=mx.uint32)
+        logits = target.forward(ids, cache).logits
+        n, nxt = verify(logits, ids[1:], params, q).tolist()  # the round's one host read
+        forwards += 1
+        target.trim(cache, len(drafts) - n)
+        new = drafts[:n] + [nxt]
+        accepts.append(len(new))
+        drafted.append(len(drafts))
+        produced += len(new)
+        pending = nxt
+        done = stream.add(new)
+    if not done:
+        stream.finish("length")
+    return clock.result(stream, prompt_tokens=len(prompt_ids), rounds=forwards - 1, forwards=forwards,
+                        accepts=accepts, drafts=drafted, mode=mode)
+
+
+def lookup_generate(
+    target: Target,
+    tokenizer,
+    prompt: str | Sequence[int] | list[dict],
+    *,
+    max_new_tokens: int = 256,
+    max_draft_tokens: int = 8,
+    min_n: int = 2,
+    max_n: int = 4,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] | str | None = None,
+    on_text: Callable[[str], None] | None = None,
+    apply_chat_template: bool = True,
+) -> GenResult:
+    """Speculative decoding with n-gram lookup over prompt and output as the drafter."""
+    params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
+    if max_draft_tokens < 1:
+        raise InputError(f"max_draft_tokens must be >= 1 for lookup, got {max_draft_tokens}.")
+    try:
+        config = LookupConfig(min_n=min_n, max_n=max_n, max_draft=max_draft_tokens)
+    except ValueError as e:
+        raise InputError(str(e)) from e
+    index = NgramIndex(prompt_ids, config)
+
+    def propose(new_tokens: list[int], cap: int):
+        index.extend(new_tokens)
+        return index.propose(cap), None
+
+    return speculative_loop(
+        target, tokenizer, prompt_ids, params, max_new_tokens=max_new_tokens, propose=propose,
+        cap=max_draft_tokens, stream=TextStream(tokenizer, stop, on_text), mode="lookup",
+    )

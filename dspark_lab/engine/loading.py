@@ -1,0 +1,197 @@
+"""Resolve a model reference to files, refuse what we should not run, and load through mlx-lm.
+
+Every failure a user can cause (a typo in a path, an offline cache miss, a checkpoint that
+wants to run its own Python, weights that do not fit the config) becomes a LoadError whose
+message says what is wrong and how to fix it, instead of a traceback from deep in a loader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import LoadError
+
+# What a text model needs from a repo; mirrors what mlx-lm fetches, without the weights of
+# other formats (.bin, .gguf) that we would never read.
+ALLOW_PATTERNS = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jsonl", "*.jinja"]
+
+# Bits mlx's quantized matmul supports (affine mode).
+SUPPORTED_QUANT_BITS = (2, 3, 4, 5, 6, 8)
+
+# Config files whose `auto_map` / `model_file` would make transformers or mlx-lm import
+# Python shipped with the checkpoint.
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json", "generation_config.json", "processor_config.json", "preprocessor_config.json")
+REMOTE_CODE_KEYS = ("auto_map", "model_file")
+TRUST_ENV = "DSPARK_LAB_TRUST_REMOTE_CODE"
+
+
+def _looks_like_repo_id(ref: str) -> bool:
+    parts = ref.split("/")
+    return len(parts) == 2 and all(parts) and not ref.startswith((".", "~")) and " " not in ref
+
+
+def resolve_model_path(ref: str | os.PathLike, *, what: str = "model") -> Path:
+    """A local directory, or a Hugging Face repo id fetched (or found in the cache) through
+    huggingface_hub. Honours HF_HUB_OFFLINE: offline and not cached is an error that says so."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise LoadError(f"{what} path {str(path)!r} is a file; pass the directory that holds config.json and the *.safetensors weights (for a .gguf file, run `dspark-lab import-gguf` first).")
+        return path
+    ref = str(ref)
+    if not _looks_like_repo_id(ref):
+        raise LoadError(f"{what} {ref!r} not found: no such directory, and it is not a Hugging Face repo id (owner/name). Check the path.")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    try:
+        return Path(snapshot_download(ref, allow_patterns=ALLOW_PATTERNS))
+    except LocalEntryNotFoundError as e:
+        if offline:
+            raise LoadError(
+                f"{what} {ref!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 forbids downloading it. "
+                f"Fix: download it once with network access (`hf download {ref}`), or unset HF_HUB_OFFLINE, or pass a local directory."
+            ) from e
+        raise LoadError(f"could not download {what} {ref!r} from the Hugging Face hub ({e}). Check your network, or pass a local directory.") from e
+    except RepositoryNotFoundError as e:
+        raise LoadError(f"{what} repo {ref!r} does not exist on the Hugging Face hub (or is private: log in with `hf auth login`).") from e
+    except HfHubHTTPError as e:
+        raise LoadError(f"could not download {what} {ref!r}: {e}") from e
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{path} is not valid JSON ({e}). Re-download or repair the file.") from e
+    if not isinstance(data, dict):
+        raise LoadError(f"{path} must hold a JSON object, found {type(data).__name__}.")
+    return data
+
+
+def remote_code_markers(model_dir: Path) -> list[str]:
+    """Every place in the checkpoint's config files that asks to import shipped Python,
+    including nested configs (text_config, vision_config, ...)."""
+    found: list[str] = []
+
+    def walk(obj: Any, file: str, prefix: str) -> None:
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                if key in REMOTE_CODE_KEYS and value:
+                    found.append(f"{file}: {prefix}{key}")
+                elif isinstance(value, dict):
+                    walk(value, file, f"{prefix}{key}.")
+
+    for name in REMOTE_CODE_FILES:
+        f = model_dir / name
+        if f.exists():
+            try:
+                walk(json.loads(f.read_text()), name, "")
+            except json.JSONDecodeError:
+                pass  # a broken file is reported by the loader that needs it
+    return found
+
+
+def check_remote_code(model_dir: Path, trust_remote_code: bool) -> None:
+    markers = remote_code_markers(model_dir)
+    if markers and not (trust_remote_code or os.environ.get(TRUST_ENV) == "1"):
+        raise LoadError(
+            f"checkpoint {str(model_dir)!r} asks to import its own Python code ({'; '.join(markers)}). "
+            f"dspark-lab refuses this by default. If you trust its author, pass --trust-remote-code "
+            f"(trust_remote_code=True) or set {TRUST_ENV}=1."
+        )
+
+
+def validate_config(model_dir: Path) -> dict[str, Any]:
+    """config.json present, a model_type mlx-lm knows, quantization bits mlx supports."""
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.exists():
+        raise LoadError(f"no config.json in {str(model_dir)!r}: this is not a Hugging Face-layout model directory. Pass the directory that holds config.json and the weights.")
+    config = read_json(cfg_path)
+    model_type = config.get("model_type")
+    if not model_type:
+        raise LoadError(f"{cfg_path} has no model_type; dspark-lab cannot tell which architecture to build.")
+    from mlx_lm.utils import _get_classes
+
+    try:
+        _get_classes(config)
+    except ValueError as e:
+        raise LoadError(
+            f"unknown model_type {model_type!r} in {cfg_path}: mlx-lm {_mlx_lm_version()} has no such architecture. "
+            "Upgrade mlx-lm, or check the config."
+        ) from e
+    quant = config.get("quantization") or config.get("quantization_config") or {}
+    bits = quant.get("bits") if isinstance(quant, dict) else None
+    if bits is not None and bits not in SUPPORTED_QUANT_BITS:
+        raise LoadError(f"unsupported quantization: {bits} bits in {cfg_path}; MLX supports {', '.join(map(str, SUPPORTED_QUANT_BITS))}. Re-quantize the model (e.g. `mlx_lm.convert -q --q-bits 4`).")
+    if not list(model_dir.glob("model*.safetensors")):
+        raise LoadError(f"no model*.safetensors weights in {str(model_dir)!r}. Convert the checkpoint to safetensors (`mlx_lm.convert`), or import a GGUF with `dspark-lab import-gguf`.")
+    return config
+
+
+def _mlx_lm_version() -> str:
+    from mlx_lm import __version__
+
+    return __version__
+
+
+def load_mlx_lm(model_dir: Path, *, trust_remote_code: bool = False):
+    """mlx-lm's loader, with its weight/config mismatch errors turned into LoadErrors."""
+    from mlx_lm.utils import load
+
+    try:
+        return load(str(model_dir), return_config=True, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        msg = str(e)
+        if "parameters" in msg or "Missing" in msg or "shape" in msg or "Received" in msg:
+            raise LoadError(
+                f"the safetensors in {str(model_dir)!r} do not match its config.json: {msg.strip()} "
+                "The weights and config come from different models, or the download is incomplete."
+            ) from e
+        raise LoadError(f"could not load {str(model_dir)!r}: {msg}") from e
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def load_target(
+    repo_or_path: str | os.PathLike,
+    *,
+    trust_remote_code: bool = False,
+    kv_bits: int | None = None,
+    dtype: str | None = None,
+    taps: Sequence[int] | None = None,
+):
+    """Load a causal LM as a `Target` plus its tokenizer (mlx-lm's TokenizerWrapper).
+
+    `kv_bits` quantizes the KV cache; `dtype` casts the unquantized weights (float32 is the
+    fast choice on MLX's CPU backend); `taps` lists the layers a drafter will read, and asking
+    for them runs the one-time probe that the tap reproduces the model's logits."""
+    from .target import Target
+
+    if kv_bits is not None and kv_bits not in SUPPORTED_QUANT_BITS:
+        raise LoadError(f"kv_bits={kv_bits} is not supported; use one of {', '.join(map(str, SUPPORTED_QUANT_BITS))} (or leave it unset for a full-precision cache).")
+    if dtype is not None and dtype not in DTYPES:
+        raise LoadError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
+    model_dir = resolve_model_path(repo_or_path)
+    check_remote_code(model_dir, trust_remote_code)
+    validate_config(model_dir)
+    model, tokenizer, config = load_mlx_lm(model_dir, trust_remote_code=trust_remote_code)
+    if dtype is not None:
+        import mlx.core as mx
+        from mlx.utils import tree_map
+
+        want = getattr(mx, dtype)
+        model.update(tree_map(lambda p: p.astype(want) if mx.issubdtype(p.dtype, mx.floating) else p, model.parameters()))
+        mx.eval(model.parameters())
+    target = Target(model, config, name=str(repo_or_path), kv_bits=kv_bits)
+    if taps is not None:
+        bad = [t for t in taps if not 0 <= t < target.num_layers]
+        if bad:
+            raise LoadError(f"tap layers {bad} are out of range: {target.model_type} has layers 0..{target.num_layers - 1}.")
+        target.probe(taps)
+    return target, tokenizer

@@ -1,0 +1,204 @@
+"""The target model as the speculative engine sees it: one forward that returns logits for the
+positions asked for plus the residual stream after chosen layers (the "tap"), a cache factory
+and a cache trim.
+
+The tap is taken from the model's own forward, not from a re-implementation of each family:
+every tapped decoder layer gets a subclass whose ``__call__`` records its output. What we do
+re-implement is the head (final norm -> lm_head), so prefill can skip the vocabulary projection
+for all but the last prompt row. A one-time probe at load checks both: the tapped forward must
+reproduce the model's own logits, and the head applied to the last layer's tap must reproduce
+them too (which proves the tapped value really is the residual stream). A family where either
+fails is refused, naming its model_type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import cache as cache_lib
+
+from ..errors import LoadError
+
+# Largest relative logit difference the probe accepts between the tapped forward and the
+# model's own. Both run the same kernels on the same inputs, so on a healthy family the
+# difference is 0 or rounding noise; 1e-3 of the logit scale leaves room for a reordered
+# reduction in low precision and still catches a wrong tap or head (those are off by O(1)).
+PROBE_RTOL = 1e-3
+
+# Prompt rows per prefill forward: bounds activation memory on long prompts (as mlx-lm does).
+PREFILL_CHUNK = 2048
+
+_TAPPED_CLASSES: dict[type, type] = {}
+
+
+class _TapRecorder:
+    """Where tapped layers drop their outputs during one forward. A plain object (not a list
+    or dict) so that MLX's Module does not adopt it into the parameter tree."""
+
+    def __init__(self) -> None:
+        self.wanted: frozenset[int] = frozenset()
+        self.outputs: dict[int, mx.array] = {}
+
+
+def _tapped_class(cls: type) -> type:
+    """A subclass of a decoder-layer class whose call also records its output."""
+    if cls not in _TAPPED_CLASSES:
+
+        def __call__(self, *args, **kwargs):
+            out = cls.__call__(self, *args, **kwargs)
+            rec = self._dspark_recorder
+            if self._dspark_index in rec.wanted:
+                rec.outputs[self._dspark_index] = out
+            return out
+
+        _TAPPED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__})
+    return _TAPPED_CLASSES[cls]
+
+
+def _inner_and_head(model: nn.Module) -> tuple[nn.Module, Any, float | None]:
+    """The decoder stack (embeddings -> layers -> final norm), the vocabulary projection and
+    the logit softcap of an mlx-lm causal LM, following mlx-lm's own `Model.__call__`."""
+    inner = getattr(model, "model", None)
+    if inner is None and hasattr(model, "language_model"):
+        inner = getattr(model.language_model, "model", None)
+        model = model.language_model
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "embed_tokens"):
+        raise LoadError(
+            f"model_type {getattr(model, 'model_type', '?')!r} does not have the decoder layout "
+            "(model.embed_tokens, model.layers, model.norm) that dspark-lab taps; "
+            "this family needs dedicated support."
+        )
+    head = model.lm_head if "lm_head" in model else inner.embed_tokens.as_linear
+    args = getattr(model, "args", None)
+    softcap = getattr(args, "final_logit_softcapping", None) if args is not None else None
+    return inner, head, softcap
+
+
+@dataclass
+class ForwardOut:
+    """Logits for the rows asked for, shape (rows, vocab); taps: layer id -> (rows, hidden)."""
+
+    logits: mx.array
+    taps: dict[int, mx.array] = field(default_factory=dict)
+
+
+class Target:
+    """A loaded causal LM ready for speculative decoding.
+
+    `forward(ids, cache, taps=(...))` feeds token ids (1-D) through the model, appending them to
+    `cache`, and returns logits for every fed position (or only the last with `last_only`)
+    plus the residual stream after each tapped layer. `trim(cache, n)` drops the newest n
+    positions (a rejected draft)."""
+
+    def __init__(self, model: nn.Module, config: dict, *, name: str = "", kv_bits: int | None = None):
+        self.model = model
+        self.config = config
+        self.name = name
+        self.kv_bits = kv_bits
+        self.model_type = config.get("model_type", getattr(model, "model_type", "?"))
+        self._inner, self._head, self._softcap = _inner_and_head(model)
+        self.layers = self._inner.layers
+        self.num_layers = len(self.layers)
+        self.vocab_size = int(self._inner.embed_tokens.weight.shape[0])
+        self.hidden_size = int(config.get("hidden_size") or self._inner.embed_tokens.weight.shape[1])
+        self._recorder = _TapRecorder()
+        for i, layer in enumerate(self.layers):
+            layer.__class__ = _tapped_class(type(layer))
+            layer._dspark_recorder = self._recorder
+            layer._dspark_index = i
+        self.probed = False
+
+    # --- cache -------------------------------------------------------------------------------
+    def make_cache(self) -> list:
+        """A fresh cache; with `kv_bits` set, a quantized KV cache (trimmable like the plain one)."""
+        cache = cache_lib.make_prompt_cache(self.model)
+        if self.kv_bits is not None:
+            cache = [c.to_quantized(group_size=64, bits=self.kv_bits) if hasattr(c, "to_quantized") else c for c in cache]
+        return cache
+
+    @staticmethod
+    def cache_len(cache: list) -> int:
+        return cache[0].offset
+
+    @staticmethod
+    def trim(cache: list, n: int) -> None:
+        """Drop the newest `n` positions from every layer's cache."""
+        if n > 0:
+            trimmed = cache_lib.trim_prompt_cache(cache, n)
+            if trimmed != n:
+                raise RuntimeError(f"cache trimmed {trimmed} positions instead of {n}")
+
+    # --- forward -----------------------------------------------------------------------------
+    def _logits(self, hidden: mx.array) -> mx.array:
+        logits = self._head(hidden)
+        if self._softcap:
+            logits = mx.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    def forward(
+        self,
+        ids: mx.array | Sequence[int],
+        cache: list,
+        *,
+        taps: Sequence[int] = (),
+        last_only: bool = False,
+    ) -> ForwardOut:
+        """Feed `ids` (1-D), return logits (rows, vocab) and taps {layer: (rows, hidden)}.
+
+        Long inputs are fed in chunks of PREFILL_CHUNK rows; taps are concatenated across
+        chunks, logits too unless `last_only`. Nothing is evaluated here (MLX is lazy)."""
+        ids = ids if isinstance(ids, mx.array) else mx.array(list(ids), dtype=mx.uint32)
+        n = ids.shape[0]
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        chunks = [(s, min(s + PREFILL_CHUNK, n)) for s in range(0, n, PREFILL_CHUNK)]
+        logits_parts, tap_parts = [], {t: [] for t in taps}
+        for k, (s, e) in enumerate(chunks):
+            self._recorder.wanted = frozenset(taps)
+            self._recorder.outputs = {}
+            try:
+                hidden = self._inner(ids[None, s:e], cache=cache)
+            finally:
+                outs, self._recorder.outputs = self._recorder.outputs, {}
+                self._recorder.wanted = frozenset()
+            for t in taps:
+                tap_parts[t].append(outs[t][0])
+            is_last = k == len(chunks) - 1
+            if last_only:
+                if is_last:
+                    logits_parts.append(self._logits(hidden[0, -1:]))
+            else:
+                logits_parts.append(self._logits(hidden[0]))
+            if not is_last:
+                # Bound the lazy graph (and memory) between prefill chunks.
+                mx.eval([c.state for c in cache] + [p for parts in tap_parts.values() for p in parts])
+        cat = lambda parts: parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)  # noqa: E731
+        return ForwardOut(cat(logits_parts), {t: cat(p) for t, p in tap_parts.items()})
+
+    # --- probe -------------------------------------------------------------------------------
+    def probe(self, taps: Sequence[int] | None = None) -> float:
+        """Check that the tapped forward reproduces the model's own logits and that the head
+        applied to the last layer's tap does too. Returns the worst relative difference;
+        raises LoadError naming the model_type when it exceeds PROBE_RTOL."""
+        taps = tuple(range(self.num_layers)) if taps is None else tuple(taps)
+        probe_ids = mx.array([(7 * i + 3) % self.vocab_size for i in range(12)], dtype=mx.uint32)
+        ref = self.model(probe_ids[None], cache=self.make_cache())[0].astype(mx.float32)
+        last = self.num_layers - 1
+        out = self.forward(probe_ids, self.make_cache(), taps=tuple(sorted(set(taps) | {last})))
+        from_tap = self._logits(self._inner.norm(out.taps[last][None]))[0].astype(mx.float32)
+        scale = mx.maximum(mx.abs(ref).max(), 1.0)
+        errs = mx.stack([mx.abs(out.logits.astype(mx.float32) - ref).max(), mx.abs(from_tap - ref).max()]) / scale
+        err_forward, err_tap = errs.tolist()
+        worst = max(err_forward, err_tap)
+        if not worst <= PROBE_RTOL:  # also catches NaN
+            raise LoadError(
+                f"the hidden-state tap does not reproduce model_type {self.model_type!r}'s own logits "
+                f"(relative difference: forward {err_forward:.2e}, last-layer tap {err_tap:.2e}; "
+                f"limit {PROBE_RTOL:.0e}). This family needs dedicated support in dspark-lab; "
+                "use --mode baseline meanwhile."
+            )
+        self.probed = True
+        return worst

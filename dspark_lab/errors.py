@@ -1,0 +1,17 @@
+"""One exception type for every problem a user can fix.
+
+The CLI prints these as a single clear message (no traceback); the Python API raises them so
+callers can catch one type. Each message names the problem and, where there is one, the fix.
+"""
+
+
+class DsparkError(Exception):
+    """A problem with the user's input or environment, with a message that says how to fix it."""
+
+
+class LoadError(DsparkError):
+    """A model or drafter could not be loaded as asked."""
+
+
+class InputError(DsparkError, ValueError):
+    """A generation argument (prompt, length, sampling parameter) is out of range."""
