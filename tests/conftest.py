@@ -1,0 +1,59 @@
+"""Shared fixtures: tiny random models of real mlx-lm families, saved in Hugging Face layout
+with a trained BPE tokenizer and loaded through the real loaders, once per test session."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing in the tests may reach the hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+from dspark_lab import load_target  # noqa: E402
+from dspark_lab.tiny import build_tiny_model  # noqa: E402
+
+FAMILIES = ["qwen3", "qwen2", "llama"]
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return {fam: build_tiny_model(root / fam, fam, seed=i) for i, fam in enumerate(FAMILIES)}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dirs):
+    return {fam: load_target(path) for fam, path in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def qwen3(tiny_models):
+    return tiny_models["qwen3"]
+
+
+# Prompts for lossless checks: plain text, code, chat, and repetitive ones where lookup
+# really finds matches in the prompt.
+PROMPTS = [
+    "def fibonacci(n):",
+    "The quick brown fox",
+    "What is 12 plus 30?",
+    "Hello, how are you today?",
+    "Please write a short poem about the sea.",
+    "import numpy as np",
+    "class Stack:",
+    "Solve for x: 2x + 6 = 10",
+    "for i in range(10):\n    print(i * i)",
+    "The sea is wide and blue",
+    "x = np.arange(10)",
+    "If x = 3 and y = 4",
+    "A speculative decoder drafts several tokens",
+    "self.items.append(item)",
+    "the the the the the the the the",
+    "a b c a b c a b c a b c a b c",
+    "print(x)\nprint(x)\nprint(x)\nprint(x)\n",
+    "def f(x): return x\ndef f(x): return x\ndef f(x): return x\n",
+    "1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3",
+    "Hello hello hello hello hello hello",
+    "return a, b = b, a + b; return a, b = b, a + b;",
+    "The answer is 42. The answer is 42. The answer is",
+]
+REPETITIVE = PROMPTS[14:]
