@@ -1,0 +1,61 @@
+"""The command line: help texts, generation, the demo, and one-line errors without tracebacks."""
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_lab.cli import app
+
+runner = CliRunner()
+VERBS = ["generate", "demo", "import-gguf", "fetch-model"]
+
+
+def test_help_lists_every_verb():
+    r = runner.invoke(app, ["--help"])
+    assert r.exit_code == 0
+    for verb in VERBS:
+        assert verb in r.output
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_every_verb_explains_itself(verb):
+    r = runner.invoke(app, [verb, "--help"])
+    assert r.exit_code == 0
+    assert "Usage" in r.output and len(r.output) > 200
+
+
+@pytest.mark.parametrize("mode", ["baseline", "lookup"])
+def test_generate_streams_and_reports(tiny_dirs, mode):
+    r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "a b c a b c a b c", "--mode", mode, "-n", "12"])
+    assert r.exit_code == 0, r.output
+    assert "12 tokens (length)" in r.output and "mean accept length" in r.output and "tok/s" in r.output
+
+
+def test_generate_error_is_one_clear_line(tmp_path):
+    r = runner.invoke(app, ["generate", "-m", str(tmp_path / "missing"), "-p", "hi"])
+    assert r.exit_code == 2
+    assert "error:" in r.output and "not found" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_generate_bad_sampling_flag(tiny_dirs):
+    r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "hi", "--top-p", "0"])
+    assert r.exit_code == 2 and "top_p must be in (0, 1]" in r.output
+
+
+def test_bad_mode_is_rejected_by_the_parser(tiny_dirs):
+    r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "hi", "--mode", "warp"])
+    assert r.exit_code != 0 and "warp" in r.output
+
+
+def test_demo_runs_and_shows_identical_output():
+    r = runner.invoke(app, ["demo", "-n", "16"])
+    assert r.exit_code == 0, r.output
+    assert "identical" in r.output and "NO" not in r.output
+
+
+def test_python_dash_m_entry_point():
+    r = subprocess.run([sys.executable, "-m", "dspark_lab", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "generate" in r.stdout
