@@ -39,6 +39,7 @@ class GenResult:
     prompt_tokens: int = 0
     draft_lengths: list[int] = field(default_factory=list)  # tokens drafted per round
     mode: str = "baseline"
+    host_reads: int = 0  # device -> host synchronizations (prefill's included)
 
     def per_position_acceptance(self) -> list[float]:
         """d_i: of the rounds that drafted at least i+1 tokens, the share that accepted them."""
@@ -147,49 +148,119 @@ def greedy_generate(
                         accepts=[1] * rounds, drafts=[0] * rounds, mode="baseline")
 
 
+@dataclass
+class Draft:
+    """One round's proposal. `tokens` is a host list (lookup) or a lazy device array (a model
+    drafter: reading it would cost a host sync, so it is read together with the verdict).
+    `probs` (k, vocab) is the drafter's distribution at temperature > 0, None for one-hot."""
+
+    tokens: list[int] | mx.array
+    probs: mx.array | None = None
+    source: str = "lookup"
+
+    def __len__(self) -> int:
+        return len(self.tokens) if isinstance(self.tokens, list) else int(self.tokens.shape[0])
+
+
+class DraftSource:
+    """What proposes tokens each round. Lookup needs no tap; a model drafter lists the target
+    layers it reads (`taps`) and is handed their rows for every committed token."""
+
+    taps: tuple[int, ...] = ()
+    name = "lookup"
+
+    def start(self, prompt_ids: list[int], prompt_taps: dict[int, mx.array]) -> None:
+        """Called once after prefill with the prompt's tapped rows (lazy)."""
+
+    def propose(self, pending: int, cap: int, params: SamplingParams) -> Draft:
+        raise NotImplementedError
+
+    def commit(self, tokens: list[int], taps: dict[int, mx.array]) -> None:
+        """The round committed `tokens` (accepted drafts + the target's own next token);
+        `taps` holds the target's rows for the positions that entered its cache this round
+        (pending + accepted drafts)."""
+
+
+class LookupSource(DraftSource):
+    def __init__(self, config: LookupConfig):
+        self.config = config
+        self.index: NgramIndex | None = None
+
+    def start(self, prompt_ids, prompt_taps):
+        self.index = NgramIndex(prompt_ids, self.config)
+
+    def propose(self, pending, cap, params):
+        return Draft(self.index.propose(cap))
+
+    def commit(self, tokens, taps):
+        self.index.extend(tokens)
+
+
 def speculative_loop(
     target: Target,
-    tokenizer,
     prompt_ids: list[int],
     params: SamplingParams,
+    source: DraftSource,
     *,
     max_new_tokens: int,
-    propose: Callable[[list[int], int], tuple[list[int], mx.array | None]],
-    cap: int,
+    cap: int | Callable[[], int],
     stream: TextStream,
     mode: str,
-    on_commit: Callable[[list[int]], None] | None = None,
+    on_round: Callable[[int, int, float], None] | None = None,
 ) -> GenResult:
-    """The verify loop shared by every drafter. `propose(new_tokens, cap)` is told the tokens
-    committed since its last call and returns (drafts, draft_probs or None)."""
+    """The verify loop every drafter shares. A round: the source drafts up to `cap` tokens;
+    `[pending] + drafts` goes through the target in ONE forward (with the source's taps); the
+    verdict and any device-side drafts are read back in ONE host read; the cache is trimmed
+    of the rejected positions and the source is told what was committed.
+
+    `cap` may be a callable (a cap controller) asked before every round; `on_round(drafted,
+    committed, seconds)` reports each round back to it."""
     clock = _Clock()
     cache = target.make_cache()
-    first = pick_token(target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, last_only=True).logits[-1], params)
+    prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, taps=source.taps, last_only=True)
+    first = pick_token(prefill.logits[-1], params)
+    source.start(prompt_ids, prefill.taps)
     pending = first.item()
     clock.first_token()
-    forwards, accepts, drafted = 1, [], []
-    new = [pending]
-    done = stream.add(new)
+    forwards, accepts, drafted, host_reads = 1, [], [], 1
+    done = stream.add([pending])
+    source.commit([pending], {})
     produced = 1
     while not done and produced < max_new_tokens:
+        t0 = time.perf_counter()
         # Never draft past the length limit: the last round may commit at most `room` tokens.
         room = max_new_tokens - produced
-        drafts, q = propose(new, min(cap, room - 1))
-        ids = mx.array([pending] + drafts, dtype=mx.uint32)
-        logits = target.forward(ids, cache).logits
-        n, nxt = verify(logits, ids[1:], params, q).tolist()  # the round's one host read
+        want = cap() if callable(cap) else cap
+        draft = source.propose(pending, max(0, min(want, room - 1)), params)
+        k = len(draft)
+        on_host = isinstance(draft.tokens, list)
+        drafts = mx.array(draft.tokens, dtype=mx.uint32) if on_host else draft.tokens.astype(mx.uint32)
+        ids = mx.concatenate([mx.array([pending], dtype=mx.uint32), drafts])
+        out = target.forward(ids, cache, taps=source.taps)
+        verdict = verify(out.logits, drafts, params, draft.probs)
+        if not on_host and k:
+            verdict = mx.concatenate([verdict, drafts.astype(mx.int32)])
+        read = verdict.tolist()  # the round's one host read
+        host_reads += 1
+        n, nxt = read[0], read[1]
+        tokens = draft.tokens[:n] if on_host else read[2 : 2 + n]
         forwards += 1
-        target.trim(cache, len(drafts) - n)
-        new = drafts[:n] + [nxt]
+        target.trim(cache, k - n)
+        new = tokens + [nxt]
+        source.commit(new, {t: rows[: n + 1] for t, rows in out.taps.items()})
         accepts.append(len(new))
-        drafted.append(len(drafts))
+        drafted.append(k)
         produced += len(new)
         pending = nxt
         done = stream.add(new)
+        if on_round is not None:
+            on_round(k, len(new), time.perf_counter() - t0)
     if not done:
         stream.finish("length")
-    return clock.result(stream, prompt_tokens=len(prompt_ids), rounds=forwards - 1, forwards=forwards,
-                        accepts=accepts, drafts=drafted, mode=mode)
+    result = clock.result(stream, prompt_tokens=len(prompt_ids), rounds=forwards - 1, forwards=forwards,
+                          accepts=accepts, drafts=drafted, mode=mode)
+    result.host_reads = host_reads
+    return result
 
 
 def lookup_generate(
@@ -217,13 +288,7 @@ def lookup_generate(
         config = LookupConfig(min_n=min_n, max_n=max_n, max_draft=max_draft_tokens)
     except ValueError as e:
         raise InputError(str(e)) from e
-    index = NgramIndex(prompt_ids, config)
-
-    def propose(new_tokens: list[int], cap: int):
-        index.extend(new_tokens)
-        return index.propose(cap), None
-
     return speculative_loop(
-        target, tokenizer, prompt_ids, params, max_new_tokens=max_new_tokens, propose=propose,
+        target, prompt_ids, params, LookupSource(config), max_new_tokens=max_new_tokens,
         cap=max_draft_tokens, stream=TextStream(tokenizer, stop, on_text), mode="lookup",
     )
