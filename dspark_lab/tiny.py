@@ -110,3 +110,88 @@ def build_tiny_model(out_dir: str | Path, family: str = "qwen3", *, num_layers: 
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))
     return out
+
+
+DSPARK_LAYOUTS = ("native", "speculators", "specforge", "dflash-causal", "lfm2")
+
+
+def build_tiny_dspark(out_dir: str | Path, target_dir: str | Path, *, layout: str = "native", backbone: str = "qwen3",
+                      num_layers: int = 1, block_size: int = 5, markov_rank: int = 16, confidence: bool = True,
+                      draft_vocab: int | None = None, repeat_bias: float = 0.0, seed: int = 0) -> Path:
+    """Write a random DSpark head for the tiny target at `target_dir`, in one of the published
+    layouts, so the loader is tested on real files.
+
+    `repeat_bias` > 0 makes the Markov head favour repeating the previous token (it needs
+    markov_rank == vocab size): on a target that loops, such drafts really get accepted, so
+    partial accepts at every position are exercised."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from .engine.drafters.dspark import DSparkHead
+    from .engine.drafters.dspark_config import DSparkConfig
+
+    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    H, V = tcfg["hidden_size"], tcfg["vocab_size"]
+    taps = [0, tcfg["num_hidden_layers"] - 1] if tcfg["num_hidden_layers"] > 1 else [0]
+    mask_id = V - 1
+    gemma = backbone == "gemma4"
+    own_outputs = layout in ("native", "speculators")
+    cfg = DSparkConfig(
+        hidden_size=H, vocab_size=V, num_hidden_layers=num_layers, intermediate_size=2 * H, num_attention_heads=4,
+        block_size=block_size, mask_token_id=mask_id, target_layer_ids=taps, backbone=backbone, packaging=layout,
+        num_key_value_heads=1 if gemma else 2, head_dim=32 if gemma else 16, rope_theta=10000.0,
+        partial_rotary_factor=0.25 if gemma else 1.0, attention_k_eq_v=gemma, markov_rank=markov_rank,
+        enable_confidence_head=confidence, final_logit_softcapping=30.0 if gemma else None,
+        draft_vocab_size=draft_vocab, logits_start=0, causal=layout == "dflash-causal",
+        sliding_window=8 if layout == "dflash-causal" else None, attention_sink=layout == "dflash-causal",
+        has_embed_tokens=own_outputs, has_lm_head=own_outputs, rope_interleaved=layout == "lfm2",
+    )
+    mx.random.seed(seed)
+    head = DSparkHead(cfg, H)
+    weights = dict(tree_flatten(head.parameters()))
+    if repeat_bias and markov_rank == V:
+        weights["markov_head.markov_w1.weight"] = mx.eye(V) * repeat_bias
+        weights["markov_head.markov_w2.weight"] = mx.eye(V)[: cfg.out_vocab]
+    if draft_vocab:
+        # Draft ids 0..draft_vocab-1 map to the target's first ids: offsets of 0.
+        weights["d2t"] = mx.zeros((draft_vocab,), dtype=mx.int64)
+        weights["t2d"] = mx.arange(V) < draft_vocab
+    backbone_fields = dict(
+        model_type="gemma4_text" if gemma else "qwen3", hidden_size=H, vocab_size=V, num_hidden_layers=num_layers,
+        intermediate_size=2 * H, num_attention_heads=4, num_key_value_heads=cfg.kv_heads, head_dim=16,
+        rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4096, tie_word_embeddings=False,
+    )
+    if gemma:
+        backbone_fields.update(global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+                               final_logit_softcapping=30.0,
+                               rope_parameters={"full_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25}})
+    dspark_fields = dict(block_size=block_size, mask_token_id=mask_id, target_layer_ids=taps, markov_rank=markov_rank,
+                         enable_confidence_head=confidence, confidence_head_with_markov=True)
+    if layout == "native":
+        config = {**backbone_fields, **dspark_fields, "architectures": ["Gemma4DSparkModel" if gemma else "Qwen3DSparkModel"],
+                  "auto_map": {"AutoModel": "modeling_dspark.DSpark"}}  # must be ignored, never obeyed
+    elif layout == "speculators":
+        config = {"speculators_model_type": "dspark", "transformer_layer_config": backbone_fields,
+                  "speculators_config": {"algorithm": "dspark", "proposal_methods": [{"speculative_tokens": block_size}]},
+                  "aux_hidden_state_layer_ids": taps, **{k: v for k, v in dspark_fields.items() if k != "target_layer_ids"},
+                  "vocab_size": V}
+        if draft_vocab:
+            config["draft_vocab_size"] = draft_vocab
+    elif layout == "specforge":
+        config = {**backbone_fields, "architectures": ["DSparkDraftModel"], "block_size": block_size,
+                  "dflash_config": {"projector_type": "dspark", **{k: v for k, v in dspark_fields.items() if k != "block_size"}}}
+        weights = {("logit_head." + k if k.startswith(("markov_head.", "confidence_head.")) else k): v for k, v in weights.items()}
+    elif layout == "dflash-causal":
+        config = {**backbone_fields, **dspark_fields, "architectures": ["DFlashDraftModel"], "dflash_query_causal": True,
+                  "sliding_window": 8, "attention_sink_bias": True, "has_lm_head": False}
+    elif layout == "lfm2":
+        config = {**backbone_fields, "model_type": "lfm2", "architectures": ["Lfm2DSparkDraftModel"], "block_size": block_size,
+                  "rope_is_neox_style": False, "markov_rank": markov_rank, "enable_confidence_head": confidence,
+                  "dflash_config": {"target_layer_ids": taps, "mask_token_id": mask_id, "num_target_layers": tcfg["num_hidden_layers"]}}
+    else:
+        raise ValueError(f"unknown layout {layout!r}; choose from {', '.join(DSPARK_LAYOUTS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out

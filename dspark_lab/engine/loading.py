@@ -190,8 +190,6 @@ def load_target(
         mx.eval(model.parameters())
     target = Target(model, config, name=str(repo_or_path), kv_bits=kv_bits)
     if taps is not None:
-        bad = [t for t in taps if not 0 <= t < target.num_layers]
-        if bad:
-            raise LoadError(f"tap layers {bad} are out of range: {target.model_type} has layers 0..{target.num_layers - 1}.")
+        target.check_taps(taps)
         target.probe(taps)
     return target, tokenizer

@@ -31,6 +31,9 @@ PROBE_RTOL = 1e-3
 # Prompt rows per prefill forward: bounds activation memory on long prompts (as mlx-lm does).
 PREFILL_CHUNK = 2048
 
+# Tap id for the embedding output (the input of layer 0), as DSpark's target_layer_ids write it.
+EMBED_TAP = -1
+
 _TAPPED_CLASSES: dict[type, type] = {}
 
 
@@ -48,8 +51,10 @@ def _tapped_class(cls: type) -> type:
     if cls not in _TAPPED_CLASSES:
 
         def __call__(self, *args, **kwargs):
-            out = cls.__call__(self, *args, **kwargs)
             rec = self._dspark_recorder
+            if self._dspark_index == 0 and EMBED_TAP in rec.wanted:
+                rec.outputs[EMBED_TAP] = args[0]  # the embedding output, as layer 0 receives it
+            out = cls.__call__(self, *args, **kwargs)
             if self._dspark_index in rec.wanted:
                 rec.outputs[self._dspark_index] = out
             return out
@@ -136,6 +141,15 @@ class Target:
             if trimmed != n:
                 raise RuntimeError(f"cache trimmed {trimmed} positions instead of {n}")
 
+    # --- pieces a drafter may bind -----------------------------------------------------------
+    def embed(self, ids: mx.array) -> mx.array:
+        return self._inner.embed_tokens(ids)
+
+    def head_logits(self, hidden: mx.array) -> mx.array:
+        """The target's vocabulary projection on already-normed hidden states, without the
+        target's softcap (a drafter applies the softcap its own config declares)."""
+        return self._head(hidden)
+
     # --- forward -----------------------------------------------------------------------------
     def _logits(self, hidden: mx.array) -> mx.array:
         logits = self._head(hidden)
@@ -183,6 +197,11 @@ class Target:
         cat = lambda parts: parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)  # noqa: E731
         return ForwardOut(cat(logits_parts), {t: cat(p) for t, p in tap_parts.items()})
 
+    def check_taps(self, taps: Sequence[int]) -> None:
+        bad = [t for t in taps if not EMBED_TAP <= t < self.num_layers]
+        if bad:
+            raise LoadError(f"tap layers {bad} are out of range: {self.model_type} has layers 0..{self.num_layers - 1} (-1 is the embedding output).")
+
     # --- probe -------------------------------------------------------------------------------
     def probe(self, taps: Sequence[int] | None = None) -> float:
         """Check that the tapped forward reproduces the model's own logits and that the head
@@ -193,6 +212,8 @@ class Target:
         ref = self.model(probe_ids[None], cache=self.make_cache())[0].astype(mx.float32)
         last = self.num_layers - 1
         out = self.forward(probe_ids, self.make_cache(), taps=tuple(sorted(set(taps) | {last})))
+        if any(t.shape != (probe_ids.shape[0], self.hidden_size) for t in out.taps.values()):
+            raise LoadError(f"the hidden-state tap of model_type {self.model_type!r} does not return one residual row per token; this family needs dedicated support in dspark-lab.")
         from_tap = self._logits(self._inner.norm(out.taps[last][None]))[0].astype(mx.float32)
         scale = mx.maximum(mx.abs(ref).max(), 1.0)
         errs = mx.stack([mx.abs(out.logits.astype(mx.float32) - ref).max(), mx.abs(from_tap - ref).max()]) / scale

@@ -1,0 +1,278 @@
+"""The DSpark draft head in MLX (qwen3 and gemma4 backbones).
+
+Context: the target's residual stream at `target_layer_ids` is concatenated per position and
+fused, `ctx = hidden_norm(fc(concat(taps)))`. Every drafter layer projects the fused rows with
+its own k/v (k_norm, rope at the row's absolute position) into an append-only context cache.
+
+Drafting: the block `[pending] + [mask] * (block_size - 1)`, placed right after the context,
+runs through the layers in one parallel pass; its queries see the (windowed) context and the
+whole block (bidirectionally; causally for the DFlash-lineage heads). Block slot k, from
+`logits_start`, predicts draft token k. A low-rank Markov head then adds a previous-token
+correction slot by slot: logits_k += w2(w1[prev_k]), prev_0 = pending, prev_k = draft k-1.
+A confidence head scores each slot's chance to survive verification.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+
+from .dspark_config import DSparkConfig
+
+
+def _rope_freqs(c: DSparkConfig) -> mx.array | None:
+    """Wavelengths for mx.fast.rope when only part of head_dim rotates (gemma4 "proportional":
+    the first f*d/2 frequencies are theta^(-2i/d) over the full d, the rest are 0)."""
+    if c.partial_rotary_factor >= 1.0:
+        return None
+    d = c.dim
+    n_rot = int(c.partial_rotary_factor * d / 2)
+    i = mx.arange(d // 2, dtype=mx.float32)
+    wavelengths = mx.power(c.rope_theta, 2 * i / d)
+    return mx.where(i < n_rot, wavelengths, mx.inf)
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, c: DSparkConfig):
+        super().__init__()
+        self.c = c
+        H, nH, nKV, d = c.hidden_size, c.num_attention_heads, c.kv_heads, c.dim
+        self.q_proj = nn.Linear(H, nH * d, bias=c.attention_bias)
+        self.k_proj = nn.Linear(H, nKV * d, bias=c.attention_bias)
+        if not c.attention_k_eq_v:
+            self.v_proj = nn.Linear(H, nKV * d, bias=c.attention_bias)
+        self.o_proj = nn.Linear(nH * d, H, bias=c.attention_bias)
+        self.q_norm = nn.RMSNorm(d, eps=c.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(d, eps=c.rms_norm_eps)
+        if c.attention_sink:
+            self.attention_sink_bias = mx.zeros((nH,))
+        self.scale = 1.0 if c.backbone == "gemma4" else d**-0.5
+        self._freqs = _rope_freqs(c)
+
+    def _rope(self, x: mx.array, offset: int) -> mx.array:
+        if self._freqs is not None:
+            return mx.fast.rope(x, self.c.dim, traditional=False, base=None, scale=1.0, offset=offset, freqs=self._freqs)
+        return mx.fast.rope(x, self.c.dim, traditional=self.c.rope_interleaved, base=self.c.rope_theta, scale=1.0, offset=offset)
+
+    def kv(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array]:
+        """Keys (normed, roped at absolute positions from `offset`) and values for rows x (B, L, H)."""
+        B, L, _ = x.shape
+        k_raw = self.k_proj(x).reshape(B, L, self.c.kv_heads, -1)
+        k = self._rope(self.k_norm(k_raw).transpose(0, 2, 1, 3), offset)
+        if self.c.backbone == "gemma4":
+            # gemma4 values: a weightless RMSNorm of k_proj (k_eq_v) or v_proj, never roped.
+            v_src = k_raw if self.c.attention_k_eq_v else self.v_proj(x).reshape(B, L, self.c.kv_heads, -1)
+            v = mx.fast.rms_norm(v_src, None, self.c.rms_norm_eps)
+        else:
+            v = self.v_proj(x).reshape(B, L, self.c.kv_heads, -1)
+        return k, v.transpose(0, 2, 1, 3)
+
+    def __call__(self, x: mx.array, cache: KVCache, offset: int, mask: mx.array | None) -> mx.array:
+        B, L, _ = x.shape
+        q = self._rope(self.q_norm(self.q_proj(x).reshape(B, L, self.c.num_attention_heads, -1)).transpose(0, 2, 1, 3), offset)
+        k, v = self.kv(x, offset)
+        keys, values = cache.update_and_fetch(k, v)  # the block is appended, trimmed after the pass
+        if mask is not None and mask.shape[-1] < keys.shape[2]:
+            keys, values = keys[:, :, -mask.shape[-1] :], values[:, :, -mask.shape[-1] :]
+        sinks = self.attention_sink_bias if self.c.attention_sink else None
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask, sinks=sinks)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DSparkConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.act = nn.silu if c.backbone == "qwen3" else nn.gelu_approx
+
+    def __call__(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    """qwen3: pre-norm residual blocks. gemma4: sandwich norms and a per-layer scalar."""
+
+    def __init__(self, c: DSparkConfig):
+        super().__init__()
+        self.gemma = c.backbone == "gemma4"
+        self.self_attn = DraftAttention(c)
+        self.mlp = MLP(c)
+        self.input_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        if self.gemma:
+            self.pre_feedforward_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+            self.post_feedforward_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+            self.layer_scalar = mx.ones((1,))
+
+    def __call__(self, x, cache, offset, mask):
+        if self.gemma:
+            h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache, offset, mask))
+            h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+            return h * self.layer_scalar
+        h = x + self.self_attn(self.input_layernorm(x), cache, offset, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class MarkovHead(nn.Module):
+    def __init__(self, c: DSparkConfig):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(c.vocab_size, c.markov_rank)  # indexed by target ids
+        self.markov_w2 = nn.Linear(c.markov_rank, c.out_vocab, bias=False)
+
+
+class ConfidenceHead(nn.Module):
+    def __init__(self, c: DSparkConfig):
+        super().__init__()
+        extra = c.markov_rank if (c.confidence_head_with_markov and c.markov_rank) else 0
+        self.proj = nn.Linear(c.hidden_size + extra, 1, bias=True)
+
+
+class DSparkHead(nn.Module):
+    def __init__(self, c: DSparkConfig, target_hidden: int):
+        super().__init__()
+        self.config = c
+        if c.has_embed_tokens:
+            self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.fc = nn.Linear(len(c.target_layer_ids) * target_hidden, c.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.layers = [DraftLayer(c) for _ in range(c.num_hidden_layers)]
+        self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        if c.has_lm_head:
+            self.lm_head = nn.Linear(c.hidden_size, c.out_vocab, bias=False)
+        if c.markov_rank:
+            self.markov_head = MarkovHead(c)
+        if c.enable_confidence_head:
+            self.confidence_head = ConfidenceHead(c)
+        if c.draft_vocab_size:
+            self.d2t = mx.zeros((c.out_vocab,), dtype=mx.int32)
+
+
+@dataclass
+class BlockOut:
+    tokens: mx.array  # (cap,) target token ids, lazy
+    probs: mx.array | None  # (cap, vocab) drafter distribution at temperature > 0
+    survival: mx.array | None  # (cap,) confidence-head probabilities
+
+
+class DSparkDrafter:
+    """A loaded head bound to its target: owns the context cache and drafts blocks.
+
+    `embed` and `lm_head` are the head's own or the target's (bound at load when the head
+    ships none)."""
+
+    def __init__(self, head: DSparkHead, embed, lm_head, *, window: int = 4096, name: str = ""):
+        self.head = head
+        self.config = head.config
+        self.embed = embed
+        self.lm_head = lm_head
+        self.window = window
+        self.name = name
+        self.caches: list[KVCache] = []
+        self.ctx_len = 0
+        self._embed_scale = math.sqrt(self.config.hidden_size) if self.config.backbone == "gemma4" else 1.0
+
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:
+        return tuple(self.config.target_layer_ids)
+
+    def reset(self) -> None:
+        self.caches = [KVCache() for _ in self.head.layers]
+        self.ctx_len = 0
+
+    def fuse(self, taps: dict[int, mx.array]) -> mx.array:
+        """(rows, T*H_target) -> (rows, H): the fused context rows."""
+        cat = mx.concatenate([taps[t] for t in self.config.target_layer_ids], axis=-1)
+        return self.head.hidden_norm(self.head.fc(cat))
+
+    def append_context(self, taps: dict[int, mx.array]) -> None:
+        """Project the target's tapped rows for the next positions into every layer's cache."""
+        ctx = self.fuse(taps)[None]
+        for layer, cache in zip(self.head.layers, self.caches):
+            k, v = layer.self_attn.kv(ctx, self.ctx_len)
+            cache.update_and_fetch(k, v)
+        self.ctx_len += ctx.shape[1]
+
+    def _mask(self, width: int) -> mx.array | None:
+        """Which keys each block row sees: the last `window` context rows and the block
+        (all of it, or up to itself for causal heads, within the sliding window if any)."""
+        c = self.config
+        n_ctx = min(self.ctx_len, self.window)
+        if not c.causal and self.ctx_len <= self.window:
+            return None
+        q_pos = self.ctx_len + mx.arange(width)[:, None]
+        k_pos = mx.concatenate([mx.arange(self.ctx_len - n_ctx, self.ctx_len), self.ctx_len + mx.arange(width)])[None]
+        visible = mx.ones((width, n_ctx + width), dtype=mx.bool_)
+        if c.causal:
+            visible = k_pos <= q_pos
+            if c.sliding_window:
+                visible = visible & (k_pos > q_pos - c.sliding_window)
+        return visible
+
+    def hidden(self, pending: int | mx.array, width: int) -> mx.array:
+        """Final-norm hidden states (width, H) of the block [pending] + masks."""
+        c = self.config
+        ids = mx.concatenate([mx.array([pending], dtype=mx.uint32).reshape(1), mx.full((width - 1,), c.mask_token_id, dtype=mx.uint32)])
+        h = self.embed(ids[None])
+        if self._embed_scale != 1.0:
+            h = h * self._embed_scale
+        mask = self._mask(width)
+        for layer, cache in zip(self.head.layers, self.caches):
+            h = layer(h, cache, self.ctx_len, mask)
+        for cache in self.caches:
+            cache.trim(width)  # the block never stays in the context
+        return self.head.norm(h)[0]
+
+    def draft(self, pending: int, cap: int, params) -> BlockOut:
+        """Up to `cap` draft tokens after `pending` (lazy: nothing is read on the host)."""
+        from ..sampling import target_probs
+
+        c = self.config
+        cap = min(cap, c.max_drafts)
+        width = c.block_size if not c.causal else c.logits_start + cap
+        h = self.hidden(pending, width)[c.logits_start : c.logits_start + cap]
+        logits = self.lm_head(h)
+        if c.final_logit_softcapping:
+            logits = mx.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+        markov = getattr(self.head, "markov_head", None)
+        conf = getattr(self.head, "confidence_head", None)
+        prev = mx.array(pending, dtype=mx.uint32).reshape(1)
+        tokens, probs, prevs = [], [], []
+        for k in range(cap):
+            row = logits[k]
+            if markov is not None:
+                prevs.append(markov.markov_w1(prev))
+                row = row + markov.markov_w2(prevs[-1])[0]
+            if params.greedy:
+                tok = mx.argmax(row, axis=-1, keepdims=True)
+            else:
+                q = target_probs(row[None], params)
+                tok = mx.random.categorical(mx.log(q), axis=-1)
+                probs.append(self._to_target_vocab(q))
+            tok = self._to_target_ids(tok.astype(mx.uint32))
+            tokens.append(tok)
+            prev = tok
+        survival = None
+        if conf is not None and cap:
+            feats = h if not (c.confidence_head_with_markov and prevs) else mx.concatenate([h, mx.concatenate(prevs, axis=0)], axis=-1)
+            survival = mx.sigmoid(conf.proj(feats)[:, 0])
+        tokens_arr = mx.concatenate(tokens) if tokens else mx.zeros((0,), dtype=mx.uint32)
+        return BlockOut(tokens_arr, mx.concatenate(probs, axis=0) if probs else None, survival)
+
+    def _to_target_ids(self, tok: mx.array) -> mx.array:
+        if self.config.draft_vocab_size:
+            return (tok.astype(mx.int32) + self.head.d2t[tok]).astype(mx.uint32)
+        return tok
+
+    def _to_target_vocab(self, q: mx.array) -> mx.array:
+        """Spread a draft-vocab distribution over the full target vocabulary."""
+        if not self.config.draft_vocab_size:
+            return q
+        ids = mx.arange(self.config.out_vocab) + self.head.d2t
+        full = mx.zeros((q.shape[0], self.config.vocab_size), dtype=q.dtype)
+        return mx.put_along_axis(full, mx.broadcast_to(ids[None], q.shape).astype(mx.int32), q, axis=-1)

@@ -1,0 +1,167 @@
+"""Speculative decoding with a model drafter: `load_pair` and `speculative_generate`."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Callable, Sequence
+
+import mlx.core as mx
+
+from ..errors import InputError, LoadError
+from .drafters.dspark import DSparkDrafter
+from .drafters.lookup import LookupConfig, NgramIndex
+from .generate import Draft, DraftSource, GenResult, _setup, speculative_loop
+from .loading import load_target
+from .target import Target
+from .text import TextStream
+
+# A lookup match this long (prompt/output n-gram) is trusted over the drafter for the round.
+LOOKUP_MIN_MATCH = 3
+
+
+class DSparkSource(DraftSource):
+    """Drafts from a DSpark head; when the n-gram index finds a long match, verifies that
+    continuation instead (free, and often longer). Every committed row's taps go to the
+    head's context either way, so the head stays in step with the target."""
+
+    name = "dspark"
+
+    def __init__(self, drafter: DSparkDrafter, *, lookup: bool = True, confidence_threshold: float = 0.0):
+        self.drafter = drafter
+        self.taps = drafter.target_layer_ids
+        self.lookup = lookup
+        self.threshold = confidence_threshold
+        self.index: NgramIndex | None = None
+        self.extra_reads = 0  # host reads spent on confidence truncation
+
+    def start(self, prompt_ids, prompt_taps):
+        self.drafter.reset()
+        self.drafter.append_context(prompt_taps)
+        if self.lookup:
+            self.index = NgramIndex(prompt_ids, LookupConfig(min_n=LOOKUP_MIN_MATCH, max_n=max(LOOKUP_MIN_MATCH, 4), max_draft=self.drafter.config.max_drafts))
+
+    def propose(self, pending, cap, params):
+        if cap <= 0:
+            return Draft([], source="none")
+        if self.index is not None:
+            hit = self.index.propose(cap)
+            if hit:
+                return Draft(hit, source="lookup")
+        out = self.drafter.draft(pending, cap, params)
+        if self.threshold > 0 and out.survival is not None:
+            # Truncating changes the verify width, which the host must know: one extra read.
+            keep = mx.cumprod((out.survival >= self.threshold).astype(mx.int32)).sum().item()
+            self.extra_reads += 1
+            return Draft(out.tokens[:keep], out.probs[:keep] if out.probs is not None else None, source="dspark")
+        return Draft(out.tokens, out.probs, source="dspark")
+
+    def commit(self, tokens, taps):
+        if self.index is not None:
+            self.index.extend(tokens)
+        if taps:
+            self.drafter.append_context(taps)
+
+
+def speculative_generate(
+    target: Target,
+    tokenizer,
+    drafter: DSparkDrafter,
+    prompt: str | Sequence[int] | list[dict],
+    *,
+    max_new_tokens: int = 256,
+    max_draft_tokens: int = 2,
+    cap_controller=None,
+    lookup_drafts: bool = True,
+    confidence_threshold: float = 0.0,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] | str | None = None,
+    on_text: Callable[[str], None] | None = None,
+    apply_chat_template: bool = True,
+) -> GenResult:
+    """Speculative decoding with a DSpark head: each round drafts up to `max_draft_tokens`
+    (or what `cap_controller` chooses), verifies them in one target forward and keeps exactly
+    what the target would have produced."""
+    params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
+    limit = drafter.config.max_drafts
+    if cap_controller is None and not 1 <= max_draft_tokens <= limit:
+        raise InputError(f"max_draft_tokens must be in 1..{limit} for this head (block_size {drafter.config.block_size}), got {max_draft_tokens}.")
+    if not 0.0 <= confidence_threshold < 1.0:
+        raise InputError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}.")
+    if confidence_threshold > 0 and not drafter.config.enable_confidence_head:
+        raise InputError("confidence_threshold needs a head with a confidence head; this one has none. Leave it at 0.")
+    source = DSparkSource(drafter, lookup=lookup_drafts, confidence_threshold=confidence_threshold)
+    cap = (lambda: min(cap_controller.cap(), limit)) if cap_controller is not None else max_draft_tokens
+    on_round = cap_controller.observe if cap_controller is not None else None
+    result = speculative_loop(target, prompt_ids, params, source, max_new_tokens=max_new_tokens, cap=cap,
+                              stream=TextStream(tokenizer, stop, on_text), mode="dspark", on_round=on_round)
+    result.host_reads += source.extra_reads
+    return result
+
+
+@dataclass
+class PairConfig:
+    """How a pair was resolved, and on what measurement an automatic choice rests."""
+
+    model: str
+    drafter: str | None
+    mode: str
+    max_draft_tokens: int
+    source: str  # "user" | "registry"
+    evidence: dict = field(default_factory=dict)
+
+
+def read_registry(path: str | os.PathLike | None = None) -> list[dict]:
+    """The registry of measured pairs shipped with the package (or a file given)."""
+    if path is not None:
+        return json.loads(open(path).read()).get("pairs", [])
+    data = resources.files("dspark_lab").joinpath("data/registry.json").read_text()
+    return json.loads(data).get("pairs", [])
+
+
+def load_pair(
+    model: str | os.PathLike,
+    drafter: str | os.PathLike | None = None,
+    *,
+    drafter_bits: int = 4,
+    drafter_window: int = 4096,
+    max_draft_tokens: int | None = None,
+    trust_remote_code: bool = False,
+    kv_bits: int | None = None,
+    dtype: str | None = None,
+    registry: str | os.PathLike | None = None,
+):
+    """Load a target and its DSpark head -> (target, tokenizer, drafter, PairConfig).
+
+    With no drafter, the registry of measured pairs picks one; a target with no entry is an
+    error that says to pass `drafter=` or use lookup."""
+    source, evidence = "user", {}
+    if drafter is None:
+        entry = _registry_entry(str(model), registry)
+        if entry is None:
+            raise LoadError(
+                f"no measured drafter for {str(model)!r} in the registry. Pass drafter= (--drafter DIR) "
+                "with a DSpark head for this model, or use lookup decoding (--mode lookup), which needs none."
+            )
+        drafter, source = entry["drafter"], "registry"
+        max_draft_tokens = max_draft_tokens or entry.get("cap")
+        evidence = {k: entry.get(k) for k in ("speedup", "mean_accept_len", "trials", "device", "run_ids", "date")}
+    target, tokenizer = load_target(model, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
+    from .drafters.load import load_dspark
+
+    head = load_dspark(drafter, target, bits=drafter_bits, window=drafter_window)
+    cap = max_draft_tokens or min(2, head.config.max_drafts)
+    return target, tokenizer, head, PairConfig(str(model), str(drafter), "dspark", cap, source, evidence)
+
+
+def _registry_entry(model: str, registry) -> dict | None:
+    key = model.rstrip("/").split("/")[-1].lower()
+    for entry in read_registry(registry):
+        if entry.get("target", "").rstrip("/").split("/")[-1].lower() == key:
+            return entry
+    return None
