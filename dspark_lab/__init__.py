@@ -2,10 +2,13 @@
 
 __version__ = "0.1.0"
 
-from .engine import GenResult, SamplingParams, Target, greedy_generate, load_target, lookup_generate  # noqa: E402
+from .engine import (  # noqa: E402
+    GenResult, PairConfig, SamplingParams, Target, greedy_generate, load_pair, load_target, lookup_generate,
+    speculative_generate,
+)
 from .errors import DsparkError, InputError, LoadError  # noqa: E402
 
 __all__ = [
     "DsparkError", "GenResult", "InputError", "LoadError", "SamplingParams", "Target",
-    "greedy_generate", "load_target", "lookup_generate",
+    "PairConfig", "greedy_generate", "load_pair", "load_target", "lookup_generate", "speculative_generate",
 ]

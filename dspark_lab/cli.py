@@ -21,7 +21,7 @@ from .errors import DsparkError
 
 app = typer.Typer(
     name="dspark-lab",
-    help="Lossless speculative decoding on MLX (n-gram lookup now; DSpark and DFlash heads next) "
+    help="Lossless speculative decoding on MLX (DSpark heads and n-gram lookup; DFlash next) "
     "and a lab that measures when it pays.",
     no_args_is_help=True,
     add_completion=False,
@@ -48,6 +48,8 @@ def friendly_errors(fn):
 class Mode(str, Enum):
     baseline = "baseline"
     lookup = "lookup"
+    dspark = "dspark"
+    auto = "auto"
 
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
@@ -59,9 +61,14 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
-    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts verified by the model.")] = Mode.baseline,
+    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark head directory or repo id (--mode dspark).")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
-    max_draft: Annotated[int, typer.Option(help="Most tokens drafted per round (lookup).")] = 8,
+    max_draft: Annotated[Optional[int], typer.Option(help="Most tokens drafted per round (lookup default 8; dspark default 2, at most the head's block size).")] = None,
+    drafter_bits: Annotated[int, typer.Option(help="Quantize the drafter's weights at load: 4, 8, or 16 (float).")] = 4,
+    drafter_window: Annotated[int, typer.Option(help="Context positions the drafter attends to.")] = 4096,
+    confidence_threshold: Annotated[float, typer.Option(help="Cut a DSpark draft where the head's confidence falls below this (0 = off).")] = 0.0,
+    lookup_drafts: Annotated[bool, typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists.")] = True,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy; > 0 samples (speculative paths stay exact samples of the model).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1]; 1 disables.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens; 0 disables.")] = 0,
@@ -73,13 +80,32 @@ def generate(
     trust_remote_code: TrustOpt = False,
 ):
     """Generate text from a prompt, streaming committed text, then print accept length and speed."""
-    from .engine import greedy_generate, load_target, lookup_generate
+    from .engine import greedy_generate, load_pair, load_target, lookup_generate, speculative_generate
 
-    target, tokenizer = load_target(model, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                   stop=stop, apply_chat_template=chat_template, on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    if mode is Mode.lookup:
-        result = lookup_generate(target, tokenizer, prompt, max_draft_tokens=max_draft, **common)
+    load_opts = dict(trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
+    if mode is Mode.dspark and drafter is None:
+        raise DsparkError("--mode dspark needs --drafter DIR (a DSpark head for this model); or use --mode auto or lookup.")
+    if mode is Mode.auto and drafter is None:
+        try:
+            target, tokenizer, head, pair = load_pair(model, None, drafter_bits=drafter_bits, drafter_window=drafter_window, max_draft_tokens=max_draft, **load_opts)
+            ev = pair.evidence
+            err.print(f"[dim]auto: drafter {pair.drafter} at cap {pair.max_draft_tokens}, measured {ev.get('speedup')}x over {ev.get('trials')} trials on {ev.get('device')}[/]")
+            mode, max_draft = Mode.dspark, pair.max_draft_tokens
+        except DsparkError as e:
+            err.print(f"[dim]auto: {e} Using lookup decoding.[/]")
+            mode = Mode.lookup
+    elif mode in (Mode.dspark, Mode.auto):
+        target, tokenizer, head, pair = load_pair(model, drafter, drafter_bits=drafter_bits, drafter_window=drafter_window, max_draft_tokens=max_draft, **load_opts)
+        mode, max_draft = Mode.dspark, pair.max_draft_tokens
+    if mode in (Mode.baseline, Mode.lookup):
+        target, tokenizer = load_target(model, **load_opts)
+    if mode is Mode.dspark:
+        result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, lookup_drafts=lookup_drafts,
+                                      confidence_threshold=confidence_threshold, **common)
+    elif mode is Mode.lookup:
+        result = lookup_generate(target, tokenizer, prompt, max_draft_tokens=max_draft or 8, **common)
     else:
         result = greedy_generate(target, tokenizer, prompt, **common)
     sys.stdout.write("\n")

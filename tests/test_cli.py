@@ -59,3 +59,23 @@ def test_demo_runs_and_shows_identical_output():
 def test_python_dash_m_entry_point():
     r = subprocess.run([sys.executable, "-m", "dspark_lab", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "generate" in r.stdout
+
+
+def test_generate_dspark_mode(tiny_dirs, tmp_path):
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"])
+    r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--mode", "dspark", "-p", "hello", "-n", "10", "--max-draft", "3"])
+    assert r.exit_code == 0, r.output
+    assert "10 tokens" in r.output
+
+
+def test_generate_dspark_needs_a_drafter(tiny_dirs):
+    r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "--mode", "dspark", "-p", "hello"])
+    assert r.exit_code == 2 and "needs --drafter" in r.output
+
+
+def test_generate_auto_without_registry_entry_falls_back_to_lookup(tiny_dirs):
+    r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "--mode", "auto", "-p", "hello", "-n", "6"])
+    assert r.exit_code == 0, r.output
+    assert "no measured drafter" in r.output and "Using lookup decoding" in r.output

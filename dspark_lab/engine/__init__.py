@@ -5,6 +5,8 @@ The engine never imports the lab; the lab measures the engine."""
 from .generate import GenResult, greedy_generate, lookup_generate, speculative_loop
 from .loading import load_target
 from .sampling import SamplingParams
+from .speculative import PairConfig, load_pair, speculative_generate
 from .target import Target
 
-__all__ = ["GenResult", "SamplingParams", "Target", "greedy_generate", "load_target", "lookup_generate", "speculative_loop"]
+__all__ = ["GenResult", "PairConfig", "SamplingParams", "Target", "greedy_generate", "load_pair", "load_target",
+           "lookup_generate", "speculative_generate", "speculative_loop"]
