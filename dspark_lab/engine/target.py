@@ -21,6 +21,7 @@ import mlx.nn as nn
 from mlx_lm.models import cache as cache_lib
 
 from ..errors import LoadError
+from .cache import BucketedKVCache
 
 # Largest relative logit difference the probe accepts between the tapped forward and the
 # model's own. Both run the same kernels on the same inputs, so on a healthy family the
@@ -123,8 +124,11 @@ class Target:
 
     # --- cache -------------------------------------------------------------------------------
     def make_cache(self) -> list:
-        """A fresh cache; with `kv_bits` set, a quantized KV cache (trimmable like the plain one)."""
+        """A fresh cache: mlx-lm's, with plain KV caches made bucketed (see cache.py) so
+        multi-token verify forwards do not meet a new attention shape every round; with
+        `kv_bits` set, a quantized KV cache (trimmable like the plain one)."""
         cache = cache_lib.make_prompt_cache(self.model)
+        cache = [BucketedKVCache() if type(c) is cache_lib.KVCache else c for c in cache]
         if self.kv_bits is not None:
             cache = [c.to_quantized(group_size=self.kv_group_size, bits=self.kv_bits) if hasattr(c, "to_quantized") else c for c in cache]
         return cache

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
-
+from ..cache import BucketedKVCache, bucketed
 from .dspark_config import DSparkConfig
 
 
@@ -71,13 +70,11 @@ class DraftAttention(nn.Module):
             v = self.v_proj(x).reshape(B, L, self.c.kv_heads, -1)
         return k, v.transpose(0, 2, 1, 3)
 
-    def __call__(self, x: mx.array, cache: KVCache, offset: int, mask: mx.array | None) -> mx.array:
+    def __call__(self, x: mx.array, cache: BucketedKVCache, offset: int, mask: mx.array) -> mx.array:
         B, L, _ = x.shape
         q = self._rope(self.q_norm(self.q_proj(x).reshape(B, L, self.c.num_attention_heads, -1)).transpose(0, 2, 1, 3), offset)
         k, v = self.kv(x, offset)
         keys, values = cache.update_and_fetch(k, v)  # the block is appended, trimmed after the pass
-        if mask is not None and mask.shape[-1] < keys.shape[2]:
-            keys, values = keys[:, :, -mask.shape[-1] :], values[:, :, -mask.shape[-1] :]
         sinks = self.attention_sink_bias if self.c.attention_sink else None
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask, sinks=sinks)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
@@ -173,7 +170,7 @@ class DSparkDrafter:
         self.lm_head = lm_head
         self.window = window
         self.name = name
-        self.caches: list[KVCache] = []
+        self.caches: list[BucketedKVCache] = []
         self.ctx_len = 0
         self._embed_scale = math.sqrt(self.config.hidden_size) if self.config.backbone == "gemma4" else 1.0
 
@@ -182,7 +179,7 @@ class DSparkDrafter:
         return tuple(self.config.target_layer_ids)
 
     def reset(self) -> None:
-        self.caches = [KVCache() for _ in self.head.layers]
+        self.caches = [BucketedKVCache() for _ in self.head.layers]
         self.ctx_len = 0
 
     def fuse(self, taps: dict[int, mx.array]) -> mx.array:
@@ -198,18 +195,17 @@ class DSparkDrafter:
             cache.update_and_fetch(k, v)
         self.ctx_len += ctx.shape[1]
 
-    def _mask(self, width: int) -> mx.array | None:
-        """Which keys each block row sees: the last `window` context rows and the block
-        (all of it, or up to itself for causal heads, within the sliding window if any)."""
+    def _mask(self, width: int) -> mx.array:
+        """Which keys each block row sees, over the keys the bucketed cache hands attention
+        (padded to a bucket when width > 1): the last `window` context rows and the block
+        (all of it, or up to itself for causal heads, within their sliding window if any)."""
         c = self.config
-        n_ctx = min(self.ctx_len, self.window)
-        if not c.causal and self.ctx_len <= self.window:
-            return None
+        need = self.ctx_len + width
         q_pos = self.ctx_len + mx.arange(width)[:, None]
-        k_pos = mx.concatenate([mx.arange(self.ctx_len - n_ctx, self.ctx_len), self.ctx_len + mx.arange(width)])[None]
-        visible = mx.ones((width, n_ctx + width), dtype=mx.bool_)
+        k_pos = mx.arange(need if width == 1 else bucketed(need))[None]
+        visible = (k_pos < need) & (k_pos >= self.ctx_len - self.window)
         if c.causal:
-            visible = k_pos <= q_pos
+            visible = visible & (k_pos <= q_pos)
             if c.sliding_window:
                 visible = visible & (k_pos > q_pos - c.sliding_window)
         return visible
