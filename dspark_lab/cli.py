@@ -116,6 +116,101 @@ def generate(
     )
 
 
+class CalMode(str, Enum):
+    dspark = "dspark"
+    lookup = "lookup"
+
+
+@app.command()
+@friendly_errors
+def calibrate(
+    model: ModelOpt,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark head (needed for --mode dspark).")] = None,
+    mode: Annotated[CalMode, typer.Option(help="What to calibrate: a DSpark pair, or lookup decoding.")] = CalMode.dspark,
+    db: Annotated[Path, typer.Option(help="Results database (DuckDB) where curves are stored and reused.")] = Path("results.duckdb"),
+    recalibrate: Annotated[bool, typer.Option(help="Measure again even when stored curves match this machine and pair.")] = False,
+    repeats: Annotated[int, typer.Option(help="Timed repeats per point (after a warm-up).")] = 5,
+    max_draft: Annotated[Optional[int], typer.Option(help="Largest cap to measure (default: the head's block size; 8 for lookup).")] = None,
+    drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
+    validate_caps: Annotated[bool, typer.Option("--validate", help="Also run the pair at every cap on built-in code prompts: predicted vs measured round time, and whether the controller's cap is within 5% of the best.")] = False,
+    kv_bits: Annotated[Optional[int], typer.Option(help="Quantize the KV cache to this many bits.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
+    trust_remote_code: TrustOpt = False,
+):
+    """Measure this machine's cost curves for a pair (verify width, draft cost, overhead, depth
+    slope), store them keyed by the device stamp, and print them with the cap they imply."""
+    from rich.progress import Progress
+
+    from .db import open_db
+    from .engine import load_pair, load_target
+    from .lab.calibrate import CalibrationPlan, calibrate as run_calibration, validate
+    from .lab.controller import static_cap
+
+    if mode is CalMode.dspark:
+        if drafter is None:
+            raise DsparkError("--mode dspark needs --drafter DIR; use --mode lookup to calibrate lookup decoding.")
+        target, tokenizer, head, _ = load_pair(model, drafter, drafter_bits=drafter_bits, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code)
+    else:
+        (target, tokenizer), head = load_target(model, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code), None
+    if repeats < 1:
+        raise DsparkError(f"--repeats must be >= 1, got {repeats}.")
+    max_cap = max_draft or (head.config.max_drafts if head is not None else 8)
+    plan = CalibrationPlan(max_cap=max_cap, repeats=repeats)
+    engine = open_db(db)
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("calibrating", total=2 * max_cap + 5)
+        ctrl, curves, reused = run_calibration(target, head, mode=mode.value, model_id=model, drafter_id=drafter, max_cap=max_cap,
+                                               db=engine, recalibrate=recalibrate, plan=plan,
+                                               progress=lambda msg: bar.update(task, advance=1, description=msg))
+    table = Table("width / cap", "verify ms (spread)", "fit ms", "drafter ms (spread)", "round ms", title="cost curves" + (" (stored, reused)" if reused else ""))
+    for w in sorted(curves.verify):
+        v = curves.verify[w]
+        cap = w - 1
+        d = curves.drafter.get(cap)
+        table.add_row(str(w), f"{v.median_ms:.3f} ({v.spread_ms:.3f})", f"{curves.fit(w):.3f}",
+                      f"{d.median_ms:.3f} ({d.spread_ms:.3f})" if d else "-", f"{curves.round_ms(cap):.3f}" if cap else f"{curves.plain_ms():.3f} (plain)")
+    out.print(table)
+    f = curves.fit
+    out.print(f"verify fit: knee at width {f.knee}, {f.b:.3f} ms/row before, {f.c:.3f} after; worst error {100 * f.max_rel_error:.1f}%")
+    out.print(f"overhead per round {curves.overhead.median_ms:.3f} ms; depth slope {1000 * curves.depth_slope_ms:.3f} us per context token")
+    out.print(f"static cap at the assumed acceptance {ctrl.prior}: {static_cap(curves, ctrl.prior, max_cap)} (0 = plain decoding)")
+    out.print(f"stored in {db}")
+    if validate_caps:
+        from .lab.prompts import load_prompt_set
+
+        prompts = [p.as_input() for p in load_prompt_set("code").prompts[:4]]
+        report = validate(target, tokenizer, head, curves, prompts=prompts, max_cap=max_cap, mode=mode.value)
+        vt = Table("cap", "predicted round ms", "measured round ms", "error", "tok/s", title="validation")
+        for r in report["rows"]:
+            vt.add_row(str(r["cap"]), f"{r['predicted_round_ms']:.3f}", f"{r['measured_round_ms']:.3f}",
+                       f"{100 * r['rel_error']:.1f}%" if r["rel_error"] is not None else "-", f"{r['tokens_per_sec']:.1f}")
+        out.print(vt)
+        out.print(f"controller's cap {report['controller_cap']} vs best measured {report['best_measured_cap']}: "
+                  + ("within 5%" if report["within_5_percent"] else "NOT within 5%"))
+
+
+@app.command()
+@friendly_errors
+def doctor():
+    """Print this machine's device stamp and check the environment (backend, versions, memory, cache)."""
+    import json as _json
+
+    from .lab.device import collect_device_stamp, doctor_report, machine_class
+
+    stamp = collect_device_stamp()
+    out.print(f"[bold]{machine_class(stamp)}[/]")
+    out.print(_json.dumps(stamp, indent=2, default=str), highlight=False)
+    table = Table("check", "status", "detail")
+    colors = {"ok": "green", "warn": "yellow", "fail": "red"}
+    failed = False
+    for name, status, detail in doctor_report():
+        table.add_row(name, f"[{colors.get(status, 'white')}]{status}[/]", detail)
+        failed |= status == "fail"
+    out.print(table)
+    if failed:
+        raise typer.Exit(1)
+
+
 @app.command("import-gguf")
 @friendly_errors
 def import_gguf_cmd(

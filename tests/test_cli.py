@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from dspark_lab.cli import app
 
 runner = CliRunner()
-VERBS = ["generate", "demo", "import-gguf", "fetch-model"]
+VERBS = ["generate", "demo", "import-gguf", "fetch-model", "calibrate", "doctor"]
 
 
 def test_help_lists_every_verb():
@@ -79,3 +79,33 @@ def test_generate_auto_without_registry_entry_falls_back_to_lookup(tiny_dirs):
     r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "--mode", "auto", "-p", "hello", "-n", "6"])
     assert r.exit_code == 0, r.output
     assert "no measured drafter" in r.output and "Using lookup decoding" in r.output
+
+
+def test_doctor_prints_stamp_and_checks():
+    r = runner.invoke(app, ["doctor"])
+    assert r.exit_code == 0, r.output
+    assert "mlx_version" in r.output and "ok" in r.output
+
+
+def test_calibrate_lookup_stores_and_reuses(tiny_dirs, tmp_path):
+    args = ["calibrate", "-m", str(tiny_dirs["qwen3"]), "--mode", "lookup", "--db", str(tmp_path / "r.duckdb"), "--repeats", "2", "--max-draft", "3"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "cost curves" in r.output and "verify fit: knee" in r.output and "static cap" in r.output
+    r = runner.invoke(app, args)
+    assert "(stored, reused)" in r.output
+
+
+def test_calibrate_dspark_validate(tiny_dirs, tmp_path):
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], block_size=3)
+    r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--db", str(tmp_path / "r.duckdb"),
+                            "--repeats", "2", "--validate"])
+    assert r.exit_code == 0, r.output
+    assert "validation" in r.output and "controller's cap" in r.output
+
+
+def test_calibrate_dspark_needs_drafter(tiny_dirs, tmp_path):
+    r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "--db", str(tmp_path / "r.duckdb")])
+    assert r.exit_code == 2 and "needs --drafter" in r.output

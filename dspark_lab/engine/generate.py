@@ -272,6 +272,7 @@ def lookup_generate(
     max_draft_tokens: int = 8,
     min_n: int = 2,
     max_n: int = 4,
+    cap_controller=None,
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -288,7 +289,9 @@ def lookup_generate(
         config = LookupConfig(min_n=min_n, max_n=max_n, max_draft=max_draft_tokens)
     except ValueError as e:
         raise InputError(str(e)) from e
+    cap = (lambda: min(cap_controller.cap(), max_draft_tokens)) if cap_controller is not None else max_draft_tokens
     return speculative_loop(
-        target, prompt_ids, params, LookupSource(config), max_new_tokens=max_new_tokens,
-        cap=max_draft_tokens, stream=TextStream(tokenizer, stop, on_text), mode="lookup",
+        target, prompt_ids, params, LookupSource(config), max_new_tokens=max_new_tokens, cap=cap,
+        stream=TextStream(tokenizer, stop, on_text), mode="lookup",
+        on_round=cap_controller.observe if cap_controller is not None else None,
     )

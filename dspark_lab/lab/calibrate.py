@@ -1,0 +1,302 @@
+"""Measure a pair's cost curves on this machine, store them keyed by the device stamp, reuse
+them while nothing that changes cost has changed, and turn them into a cap controller.
+
+All timings are warmed up first (on CUDA the first use of a kernel shape compiles) and
+repeated (>= 5 by default); each point keeps its median and spread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+
+from ..engine.generate import Draft, DraftSource, speculative_loop
+from ..engine.sampling import SamplingParams
+from ..engine.target import Target
+from ..engine.text import TextStream
+from .controller import DEFAULT_ACCEPTANCE, CapController
+from .curves import CostCurves, Point
+
+MODES = ("dspark", "lookup", "dflash")
+
+
+class _NoText:
+    """Calibration feeds token ids only; nothing is decoded."""
+
+    eos_token_ids: list[int] = []
+
+    def decode(self, ids):
+        return ""
+
+
+class _FixedWidth(DraftSource):
+    """A synthetic draft source that always drafts exactly `cap` tokens: the real drafter's
+    proposal (dspark), or the pending token repeated (lookup, whose drafting costs nothing)."""
+
+    def __init__(self, drafter, cap: int):
+        self.drafter, self.cap = drafter, cap
+        self.taps = drafter.target_layer_ids if drafter is not None else ()
+
+    def start(self, prompt_ids, prompt_taps):
+        if self.drafter is not None:
+            self.drafter.reset()
+            self.drafter.append_context(prompt_taps)
+
+    def propose(self, pending, cap, params):
+        if self.drafter is None:
+            return Draft([pending] * cap)
+        return Draft(self.drafter.draft(pending, cap, params).tokens, source="dspark")
+
+    def commit(self, tokens, taps):
+        if self.drafter is not None and taps:
+            self.drafter.append_context(taps)
+
+
+@dataclass
+class CalibrationPlan:
+    max_cap: int
+    repeats: int = 5
+    short_ctx: int = 128
+    long_ctx: int = 1024
+    overhead_rounds: int = 12
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    mx.eval(fn())
+    return time.perf_counter() - t
+
+
+def measure_curves(target: Target, drafter=None, *, plan: CalibrationPlan, progress: Callable[[str], None] | None = None) -> CostCurves:
+    """Measure verify(w), drafter(c), the per-round overhead and the depth slope."""
+    say = progress or (lambda _msg: None)
+    taps = drafter.target_layer_ids if drafter is not None else ()
+    vocab = target.vocab_size
+    ids = mx.random.randint(0, max(2, vocab - 2), (plan.long_ctx + plan.max_cap + 2,), key=mx.random.key(0)).astype(mx.uint32)
+    params = SamplingParams()
+
+    def context(n):
+        cache = target.make_cache()
+        out = target.forward(ids[:n], cache, taps=taps, last_only=True)
+        mx.eval(out.logits, *out.taps.values())
+        return cache, out
+
+    def verify_points(cache, n, widths):
+        pts = {}
+        for w in widths:
+            block = ids[n : n + w]
+
+            def run():
+                out = target.forward(block, cache, taps=taps)
+                return [out.logits, *out.taps.values()]
+
+            _timed(run)  # warm-up: compile this width's kernels
+            target.trim(cache, w)
+            samples = []
+            for _ in range(plan.repeats):
+                samples.append(_timed(run))
+                target.trim(cache, w)
+            pts[w] = Point.of(samples)
+            say(f"verify width {w}")
+        return pts
+
+    widths = list(range(1, plan.max_cap + 2))
+    cache, out = context(plan.short_ctx)
+    verify = verify_points(cache, plan.short_ctx, widths)
+
+    drafter_pts: dict[int, Point] = {}
+    if drafter is not None:
+        drafter.reset()
+        drafter.append_context(out.taps)
+        pending = int(ids[plan.short_ctx].item())
+        for c in range(1, plan.max_cap + 1):
+            run = lambda: drafter.draft(pending, c, params).tokens  # noqa: E731
+            _timed(run)
+            drafter_pts[c] = Point.of([_timed(run) for _ in range(plan.repeats)])
+            say(f"drafter cap {c}")
+    else:
+        from ..engine.drafters.lookup import NgramIndex
+
+        index = NgramIndex(ids[: plan.short_ctx].tolist())
+        for c in range(1, plan.max_cap + 1):
+            samples = []
+            for _ in range(plan.repeats):
+                t = time.perf_counter()
+                index.propose(c)
+                samples.append(time.perf_counter() - t)
+            drafter_pts[c] = Point.of(samples)
+
+    # Depth slope: the same widths at a long context.
+    probe_widths = sorted({1, (plan.max_cap + 2) // 2, plan.max_cap + 1})
+    cache, _ = context(plan.long_ctx)
+    long_pts = verify_points(cache, plan.long_ctx, probe_widths)
+    slopes = [(long_pts[w].median_ms - verify[w].median_ms) / (plan.long_ctx - plan.short_ctx) for w in probe_widths]
+    slope = float(sorted(slopes)[len(slopes) // 2])
+
+    # Overhead: real pipelined rounds at a reference cap, minus their model parts.
+    ref = max(1, min(plan.max_cap, 3))
+    source = _FixedWidth(drafter, ref)
+    times: list[float] = []
+    prompt = ids[: plan.short_ctx].tolist()
+    speculative_loop(target, prompt, params, source, max_new_tokens=4, cap=ref, stream=TextStream(_NoText()), mode="calibrate")
+    speculative_loop(target, prompt, params, source, max_new_tokens=plan.overhead_rounds * (ref + 1), cap=ref,
+                     stream=TextStream(_NoText()), mode="calibrate", on_round=lambda k, n, s: times.append(s))
+    model_ms = drafter_pts[ref].median_ms + verify[ref + 1].median_ms
+    rounds = Point.of(times)
+    overhead = Point(rounds.median_ms - model_ms, rounds.spread_ms, rounds.samples)
+    say("overhead")
+    return CostCurves(verify=verify, drafter=drafter_pts, overhead=overhead, depth_slope_ms=slope,
+                      short_ctx=plan.short_ctx, long_ctx=plan.long_ctx)
+
+
+def calibration_key(device_key: str, model_id: str, drafter_id: str | None, mode: str, options: dict) -> str:
+    blob = json.dumps([device_key, model_id, drafter_id, mode, options], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _bits(module) -> int | None:
+    """Quantization bits of a model's (first) quantized layer; None when unquantized."""
+    return next((int(m.bits) for _, m in module.named_modules() if hasattr(m, "bits")), None)
+
+
+def load_stored(engine, key: str) -> CostCurves | None:
+    """The newest stored curves for `key`; a corrupt or foreign record is ignored with a warning."""
+    from sqlmodel import Session, select
+
+    from ..schemas.records import CalibrationRecord
+
+    with Session(engine) as s:
+        rows = s.exec(select(CalibrationRecord).where(CalibrationRecord.key == key).order_by(CalibrationRecord.created_at.desc())).all()
+    for row in rows:
+        try:
+            curves = CostCurves.from_dict(json.loads(row.curves))
+            if not curves.verify or 1 not in curves.verify:
+                raise ValueError("no verify(1) point")
+            return curves
+        except Exception as e:  # noqa: BLE001 - any damage means: do not trust it
+            warnings.warn(f"ignoring calibration record {row.id} ({type(e).__name__}: {e}); recalibrating", stacklevel=2)
+    return None
+
+
+def calibrate(
+    target: Target,
+    drafter=None,
+    *,
+    mode: str = "dspark",
+    model_id: str | None = None,
+    drafter_id: str | None = None,
+    max_cap: int | None = None,
+    db=None,
+    recalibrate: bool = False,
+    acceptance=None,
+    plan: CalibrationPlan | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[CapController, CostCurves, bool]:
+    """Cost curves for the pair on this machine (stored ones when the key matches, unless
+    `recalibrate`) and a CapController built on them. Returns (controller, curves, reused)."""
+    from ..errors import InputError
+    from .device import collect_device_stamp, device_key, machine_class
+
+    if mode not in MODES:
+        raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
+    if mode != "lookup" and drafter is None:
+        raise InputError(f"calibrating mode {mode!r} needs a drafter (--drafter DIR); lookup needs none.")
+    if max_cap is None:
+        max_cap = drafter.config.max_drafts if drafter is not None else 8
+    plan = plan or CalibrationPlan(max_cap=max_cap)
+    options = {"max_cap": max_cap, "kv_bits": target.kv_bits, "target_bits": _bits(target.model),
+               "drafter_bits": _bits(drafter.head) if drafter is not None else None,
+               "drafter_window": getattr(drafter, "window", None), "short_ctx": plan.short_ctx, "long_ctx": plan.long_ctx}
+    stamp = collect_device_stamp(options)
+    model_id = model_id or target.name
+    drafter_id = drafter_id or (getattr(drafter, "name", None) if drafter is not None else None)
+    key = calibration_key(device_key(stamp), model_id, drafter_id, mode, options)
+    curves, reused = None, False
+    if db is not None and not recalibrate:
+        curves = load_stored(db, key)
+        reused = curves is not None
+    if curves is None:
+        curves = measure_curves(target, drafter, plan=plan, progress=progress)
+        if db is not None:
+            from sqlmodel import Session
+
+            from ..schemas.records import CalibrationRecord
+
+            with Session(db) as s:
+                s.add(CalibrationRecord(id=uuid.uuid4().hex, key=key, device_key=device_key(stamp), machine=machine_class(stamp),
+                                        device_stamp=json.dumps(stamp, default=str), model_id=model_id, drafter_id=drafter_id,
+                                        mode=mode, target_bits=options["target_bits"], drafter_bits=options["drafter_bits"],
+                                        options=json.dumps(options), curves=json.dumps(curves.to_dict())))
+                s.commit()
+    prior = acceptance if acceptance is not None else DEFAULT_ACCEPTANCE[mode]
+    return CapController(curves, max_cap=max_cap, prior=prior), curves, reused
+
+
+class FixedCap:
+    """A 'controller' that always asks for one cap and records what each round did."""
+
+    def __init__(self, cap: int):
+        self._cap = cap
+        self.rounds: list[tuple[int, int, float]] = []
+
+    def cap(self) -> int:
+        return self._cap
+
+    def observe(self, drafted: int, committed: int, seconds: float) -> None:
+        self.rounds.append((drafted, committed, seconds))
+
+
+def validate(target: Target, tokenizer, drafter, curves: CostCurves, *, prompts: list, max_cap: int, mode: str = "dspark",
+             max_new_tokens: int = 64, progress: Callable[[str], None] | None = None) -> dict:
+    """Run the pair at every cap on `prompts`: predicted vs measured round time, and whether the
+    cap the controller would choose (at the acceptance measured here) is within 5% of the best
+    measured rate."""
+    from ..engine.generate import lookup_generate
+    from ..engine.speculative import speculative_generate
+    from .controller import static_cap
+
+    from ..engine.generate import greedy_generate
+
+    say = progress or (lambda _m: None)
+    results = [greedy_generate(target, tokenizer, p, max_new_tokens=max_new_tokens) for p in prompts]
+    plain_tokens = sum(r.num_tokens - 1 for r in results)
+    plain_seconds = sum((r.num_tokens - 1) / r.decode_tokens_per_sec for r in results if r.decode_tokens_per_sec)
+    rows = [{"cap": 0, "predicted_round_ms": curves.plain_ms(), "measured_round_ms": 1000 * plain_seconds / max(plain_tokens, 1),
+             "rel_error": None, "tokens_per_sec": plain_tokens / plain_seconds if plain_seconds else 0.0}]
+    rows[0]["rel_error"] = abs(rows[0]["predicted_round_ms"] - rows[0]["measured_round_ms"]) / rows[0]["measured_round_ms"]
+    accepted_at: dict[int, list[float]] = {}
+    for cap in range(1, max_cap + 1):
+        fixed = FixedCap(cap)
+        tokens = seconds = 0.0
+        for p in prompts:
+            if mode == "lookup":
+                r = lookup_generate(target, tokenizer, p, max_new_tokens=max_new_tokens, max_draft_tokens=max_cap, cap_controller=fixed)
+            else:
+                r = speculative_generate(target, tokenizer, drafter, p, max_new_tokens=max_new_tokens, cap_controller=fixed, lookup_drafts=False)
+            tokens += r.num_tokens - 1
+            seconds += (r.num_tokens - 1) / r.decode_tokens_per_sec if r.decode_tokens_per_sec else 0.0
+        full = [(k, n, s) for k, n, s in fixed.rounds if k == cap]
+        measured = 1000 * sorted(s for _, _, s in full)[len(full) // 2] if full else float("nan")
+        predicted = curves.round_ms(cap)
+        # Conditional acceptance per position at this cap, for the controller's choice below.
+        for i in range(cap):
+            tried = [n - 1 for k, n, _ in fixed.rounds if k > i]
+            if tried:
+                accepted_at.setdefault(i, []).append(sum(1 for a in tried if a > i) / len(tried))
+        rows.append({"cap": cap, "predicted_round_ms": predicted, "measured_round_ms": measured,
+                     "rel_error": abs(predicted - measured) / measured if measured == measured else None,
+                     "tokens_per_sec": tokens / seconds if seconds else 0.0})
+        say(f"validate cap {cap}")
+    profile = [sum(v) / len(v) for _, v in sorted(accepted_at.items())] or [0.0]
+    chosen = static_cap(curves, profile, max_cap)
+    best = max(rows, key=lambda r: r["tokens_per_sec"])
+    chosen_rate = next((r["tokens_per_sec"] for r in rows if r["cap"] == chosen), 0.0)
+    return {"rows": rows, "acceptance_profile": profile, "controller_cap": chosen, "best_measured_cap": best["cap"],
+            "within_5_percent": chosen_rate >= 0.95 * best["tokens_per_sec"]}
