@@ -64,7 +64,8 @@ def generate(
     mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark head directory or repo id (--mode dspark).")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
-    max_draft: Annotated[Optional[int], typer.Option(help="Most tokens drafted per round (lookup default 8; dspark default 2, at most the head's block size).")] = None,
+    max_draft: Annotated[Optional[str], typer.Option(help="Most tokens drafted per round (lookup default 8; dspark default 2, at most the head's block size), or 'auto': a live cap controller on this machine's calibrated cost curves.")] = None,
+    db: Annotated[Path, typer.Option(help="Results database holding calibration curves (used by --max-draft auto).")] = Path("results.duckdb"),
     drafter_bits: Annotated[int, typer.Option(help="Quantize the drafter's weights at load: 4, 8, or 16 (float).")] = 4,
     drafter_window: Annotated[int, typer.Option(help="Context positions the drafter attends to.")] = 4096,
     confidence_threshold: Annotated[float, typer.Option(help="Cut a DSpark draft where the head's confidence falls below this (0 = off).")] = 0.0,
@@ -85,6 +86,14 @@ def generate(
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                   stop=stop, apply_chat_template=chat_template, on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     load_opts = dict(trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
+    auto_cap = max_draft == "auto"
+    if max_draft is not None and not auto_cap:
+        try:
+            max_draft = int(max_draft)
+        except ValueError:
+            raise DsparkError(f"--max-draft must be a number or 'auto', got {max_draft!r}.") from None
+    else:
+        max_draft = None
     if mode is Mode.dspark and drafter is None:
         raise DsparkError("--mode dspark needs --drafter DIR (a DSpark head for this model); or use --mode auto or lookup.")
     if mode is Mode.auto and drafter is None:
@@ -101,14 +110,24 @@ def generate(
         mode, max_draft = Mode.dspark, pair.max_draft_tokens
     if mode in (Mode.baseline, Mode.lookup):
         target, tokenizer = load_target(model, **load_opts)
+    controller = None
+    if auto_cap and mode in (Mode.dspark, Mode.lookup):
+        from .db import open_db
+        from .lab.calibrate import calibrate as run_calibration
+
+        err.print("[dim]--max-draft auto: calibrating this pair on this machine (stored curves are reused)...[/]")
+        controller, _, reused = run_calibration(target, head if mode is Mode.dspark else None, mode=mode.value, model_id=model,
+                                                drafter_id=drafter, db=open_db(db))
     if mode is Mode.dspark:
-        result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, lookup_drafts=lookup_drafts,
-                                      confidence_threshold=confidence_threshold, **common)
+        result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
+                                      confidence_threshold=confidence_threshold, cap_controller=controller, **common)
     elif mode is Mode.lookup:
-        result = lookup_generate(target, tokenizer, prompt, max_draft_tokens=max_draft or 8, **common)
+        result = lookup_generate(target, tokenizer, prompt, max_draft_tokens=max_draft or 8, cap_controller=controller, **common)
     else:
         result = greedy_generate(target, tokenizer, prompt, **common)
     sys.stdout.write("\n")
+    if controller is not None:
+        err.print(f"[dim]caps chosen per round: {controller.history}[/]")
     err.print(
         f"[dim]{result.num_tokens} tokens ({result.finish_reason}) in {result.num_rounds} rounds, "
         f"mean accept length {result.mean_accept_len:.2f}, {result.tokens_per_sec:.1f} tok/s "

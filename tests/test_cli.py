@@ -109,3 +109,21 @@ def test_calibrate_dspark_validate(tiny_dirs, tmp_path):
 def test_calibrate_dspark_needs_drafter(tiny_dirs, tmp_path):
     r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "--db", str(tmp_path / "r.duckdb")])
     assert r.exit_code == 2 and "needs --drafter" in r.output
+
+
+@pytest.mark.parametrize("mode", ["lookup", "dspark"])
+def test_generate_with_auto_cap(tiny_dirs, tmp_path, mode):
+    from dspark_lab.tiny import build_tiny_dspark
+
+    args = ["generate", "-m", str(tiny_dirs["qwen3"]), "--mode", mode, "-p", "a b c a b c a b c", "-n", "12",
+            "--max-draft", "auto", "--db", str(tmp_path / "r.duckdb")]
+    if mode == "dspark":
+        args += ["-d", str(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], block_size=3))]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "caps chosen per round" in r.output and "12 tokens" in r.output
+
+
+def test_generate_bad_max_draft(tiny_dirs):
+    r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "--mode", "lookup", "-p", "x", "--max-draft", "lots"])
+    assert r.exit_code == 2 and "must be a number or 'auto'" in r.output
