@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from sqlalchemy import Double
 from sqlmodel import Field, SQLModel
 
 # Bump when a table changes; dspark_lab/db/migrations.py says how to get from each version to the next.
@@ -38,4 +39,63 @@ class CalibrationRecord(SQLModel, table=True):
     drafter_bits: int | None = None
     options: str  # JSON: engine options that change cost
     curves: str  # JSON: CostCurves.to_dict()
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Run(SQLModel, table=True):
+    """One sweep (or benchmark) invocation: its grid, where it ran, and how it ended."""
+
+    __tablename__ = "runs"
+    id: str = Field(primary_key=True)
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+    status: str = "running"  # running | finished | interrupted | failed
+    source: str = "local"  # local | ingested:<file name>
+    dspark_lab_version: str
+    device_key: str
+    machine: str
+    device_stamp: str  # JSON
+    config: str  # JSON: the grid and options as given
+
+
+class Trial(SQLModel, table=True):
+    """One generation of one prompt by one arm (baseline or a speculative mode at a cap).
+
+    `arm_key` names everything but the repeat: a resumed sweep skips (arm_key, trial_index)
+    pairs already stored. `lossless` compares the output ids with the baseline's for the same
+    prompt and model (greedy); baseline trials have it None."""
+
+    __tablename__ = "trials"
+    id: str = Field(primary_key=True)
+    run_id: str = Field(index=True)
+    arm_key: str
+    trial_index: int
+    model_id: str
+    drafter_id: str | None = None
+    mode: str  # baseline | lookup | dspark | dflash
+    cap: str  # "0" for baseline, a number, or "auto"
+    prompt_set: str
+    prompt_set_version: str
+    prompt_id: str
+    domain: str
+    max_new_tokens: int
+    temperature: float = Field(default=0.0, sa_type=Double)
+    output_hash: str  # sha256 of the output token ids
+    output_ids: str  # JSON list of the output token ids (to locate a mismatch later)
+    num_tokens: int
+    prompt_tokens: int
+    finish_reason: str
+    num_rounds: int
+    target_forwards: int
+    accept_lengths: str  # JSON list, one per round
+    draft_lengths: str  # JSON list, one per round
+    per_position_acceptance: str  # JSON list d0..dk
+    caps_chosen: str | None = None  # JSON list per round when cap == "auto"
+    mean_accept_len: float = Field(sa_type=Double)
+    prefill_seconds: float = Field(sa_type=Double)
+    decode_seconds: float = Field(sa_type=Double)
+    tokens_per_sec: float = Field(sa_type=Double)
+    decode_tokens_per_sec: float = Field(sa_type=Double)
+    lossless: bool | None = None
+    mismatch_index: int | None = None  # first differing token when not lossless
     created_at: datetime = Field(default_factory=utcnow)
