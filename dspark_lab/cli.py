@@ -208,6 +208,118 @@ def calibrate(
                   + ("within 5%" if report["within_5_percent"] else "NOT within 5%"))
 
 
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+@app.command()
+@friendly_errors
+def sweep(
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
+    drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark (the baseline always runs). Default: lookup, plus dspark when a drafter is given.")] = None,
+    caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
+    prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
+    trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 200,
+    prompt_limit: Annotated[Optional[int], typer.Option(help="Use only the first N prompts of each set.")] = None,
+    db: Annotated[Path, typer.Option(help="Results database (DuckDB); every trial is committed as it finishes.")] = Path("results.duckdb"),
+    grid: Annotated[Optional[Path], typer.Option(help="A TOML grid (keys as SweepConfig: models, drafters, modes, caps, prompt_sets, trials, ...) instead of the flags.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the newest unfinished run of this same grid: only missing trials run.")] = False,
+    run_id: Annotated[Optional[str], typer.Option(help="Resume this run id.")] = None,
+    cooldown: Annotated[float, typer.Option(help="Seconds to rest between arms.")] = 0.0,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Run every arm once, untimed, before measuring.")] = True,
+    drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
+    dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
+):
+    """Run a grid of models x drafters x modes x caps x prompt sets x trials; store every trial, device-stamped, in DuckDB."""
+    from .lab.sweep import SweepConfig, load_grid, run_sweep
+
+    if grid is not None:
+        cfg = load_grid(grid)
+    else:
+        if not model:
+            raise DsparkError("sweep needs --model (or --grid FILE).")
+        mode_list = _csv(modes) if modes else (["lookup", "dspark"] if drafter else ["lookup"])
+        cfg = SweepConfig(models=model, drafters=drafter or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
+                          caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
+                          prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype)
+    def event(msg: str) -> None:
+        if verbose or not msg.startswith("stored"):
+            err.print(f"[dim]{msg}[/]", highlight=False)
+
+    rid = run_sweep(cfg, db, resume=run_id or resume, progress=True, on_event=event)
+    out.print(f"run {rid} stored in {db}")
+    if json_out is not None:
+        from .db import open_db
+        from .lab.results import export_run
+
+        engine = open_db(db)
+        export_run(engine, rid, json_out)
+        engine.dispose()
+        out.print(f"result JSON: {json_out}")
+
+
+@app.command()
+@friendly_errors
+def ingest(
+    files: Annotated[list[Path], typer.Argument(help="Result JSON files from other machines.")],
+    db: Annotated[Path, typer.Option(help="Results database to merge into.")] = Path("results.duckdb"),
+):
+    """Validate result JSON files and merge them into the database (a run already present is skipped)."""
+    from .db import open_db
+    from .lab.results import ingest as do_ingest
+
+    engine = open_db(db)
+    outcomes = do_ingest(engine, files)
+    engine.dispose()
+    bad = 0
+    for f, outcome in outcomes:
+        bad += outcome.startswith("rejected")
+        (err if outcome.startswith("rejected") else out).print(f"{f}: {outcome}", highlight=False)
+    if bad:
+        raise typer.Exit(2)
+
+
+@app.command()
+@friendly_errors
+def export(
+    db: Annotated[Path, typer.Option(help="Results database.")] = Path("results.duckdb"),
+    run: Annotated[Optional[str], typer.Option("--run", help="Run id to export as result JSON (see --list).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Where to write the result JSON.")] = None,
+    parquet: Annotated[Optional[Path], typer.Option(help="Write every table as Parquet into this folder.")] = None,
+    list_runs: Annotated[bool, typer.Option("--list", help="List the runs in the database.")] = False,
+):
+    """Export a run as result JSON (to submit or to ingest elsewhere), or the tables as Parquet."""
+    from sqlmodel import Session, select
+
+    from .db import open_db
+    from .lab.results import export_parquet, export_run
+    from .schemas.records import Run, Trial
+
+    if not db.exists():
+        raise DsparkError(f"no database at {str(db)!r}; run a sweep first or pass --db.")
+    engine = open_db(db)
+    try:
+        if list_runs or (run is None and parquet is None):
+            table = Table("run", "started", "status", "machine", "trials", "source")
+            with Session(engine) as s:
+                for r in s.exec(select(Run).order_by(Run.started_at)).all():
+                    n = len(s.exec(select(Trial.id).where(Trial.run_id == r.id)).all())
+                    table.add_row(r.id, str(r.started_at)[:19], r.status, r.machine, str(n), r.source)
+            out.print(table)
+        if run is not None:
+            path = export_run(engine, run, json_out or Path(f"result-{run}.json"))
+            out.print(f"wrote {path}")
+        if parquet is not None:
+            for p in export_parquet(engine, parquet):
+                out.print(f"wrote {p}")
+    finally:
+        engine.dispose()
+
+
 @app.command()
 @friendly_errors
 def doctor():

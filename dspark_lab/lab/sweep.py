@@ -1,0 +1,289 @@
+"""Sweeps: a grid of models x drafters x modes x caps x prompt sets x trials, every trial stored,
+device-stamped, in a DuckDB file as soon as it finishes.
+
+For each model the sweep loads the target once, warms every arm up, then walks the prompts;
+for each prompt and repeat it runs the baseline first and each arm right after it, so clock
+drift and thermal state hit baseline and arms alike. Each speculative output is compared with
+the baseline's for the same prompt (greedy): `lossless` is stored with every trial, and a
+mismatch is reported loudly and kept, never dropped.
+
+Interrupted sweeps lose nothing: each trial is committed on its own, and `resume` re-runs only
+the (arm, prompt, repeat) cells that have no stored trial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import tomllib
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from sqlmodel import Session, select
+
+from ..errors import DsparkError, InputError
+from ..schemas.records import Run, Trial, utcnow
+
+MODES = ("baseline", "lookup", "dspark")
+
+
+@dataclass
+class SweepConfig:
+    models: list[str]
+    drafters: list[str] = field(default_factory=list)
+    modes: list[str] = field(default_factory=lambda: ["baseline", "lookup", "dspark"])
+    caps: list[str] = field(default_factory=lambda: ["2", "4", "7", "auto"])
+    prompt_sets: list[str] = field(default_factory=lambda: ["code", "math", "chat"])
+    trials: int = 3
+    max_new_tokens: int = 200
+    prompt_limit: int | None = None  # prompts per set (None: all)
+    warmup: bool = True
+    cooldown: float = 0.0  # seconds of sleep between arms
+    drafter_bits: int = 4
+    dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise InputError("a sweep needs at least one --model.")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad:
+            raise InputError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}.")
+        if "dspark" in self.modes and not self.drafters:
+            raise InputError("mode dspark needs at least one --drafter; drop dspark from --modes or pass a head.")
+        for cap in self.caps:
+            if cap != "auto" and not (cap.isdigit() and int(cap) >= 1):
+                raise InputError(f"cap {cap!r} is not a positive number or 'auto'.")
+        if self.trials < 1 or self.max_new_tokens < 1:
+            raise InputError("--trials and --max-new-tokens must be >= 1.")
+        if self.cooldown < 0:
+            raise InputError("--cooldown must be >= 0 seconds.")
+
+    def key(self) -> str:
+        """Identity of the grid, to find an unfinished run of the same sweep to resume."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_grid(path: str | Path) -> SweepConfig:
+    """A sweep grid from TOML: the same names as SweepConfig's fields."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"grid file {str(path)!r} not found.")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"grid file {path}: invalid TOML ({e}).") from None
+    known = set(SweepConfig.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise InputError(f"grid file {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
+    data["caps"] = [str(c) for c in data.get("caps", SweepConfig.__dataclass_fields__["caps"].default_factory())]
+    return SweepConfig(**data)
+
+
+@dataclass
+class Arm:
+    model_id: str
+    mode: str
+    cap: str
+    drafter_id: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.model_id}|{self.drafter_id or '-'}|{self.mode}|{self.cap}"
+
+
+def plan_arms(cfg: SweepConfig, model_id: str, usable_drafters: list[str]) -> list[Arm]:
+    # The baseline always runs: speedups and the lossless check are measured against it.
+    arms = [Arm(model_id, "baseline", "0")]
+    for cap in cfg.caps:
+        if "lookup" in cfg.modes:
+            arms.append(Arm(model_id, "lookup", cap))
+        if "dspark" in cfg.modes:
+            arms += [Arm(model_id, "dspark", cap, d) for d in usable_drafters]
+    return arms
+
+
+def _hash_ids(ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:32]
+
+
+def _trial_row(run_id, arm: Arm, trial_index, pset, prompt, cfg, r, caps_chosen, lossless, mismatch) -> Trial:
+    decode_s = (r.num_tokens - 1) / r.decode_tokens_per_sec if r.decode_tokens_per_sec else 0.0
+    return Trial(
+        id=uuid.uuid4().hex, run_id=run_id, arm_key=f"{arm.key}|{pset.name}|{prompt.id}", trial_index=trial_index,
+        model_id=arm.model_id, drafter_id=arm.drafter_id, mode=arm.mode, cap=arm.cap, prompt_set=pset.name,
+        prompt_set_version=pset.version, prompt_id=prompt.id, domain=prompt.domain, max_new_tokens=cfg.max_new_tokens,
+        output_hash=_hash_ids(r.token_ids), output_ids=json.dumps(r.token_ids), num_tokens=r.num_tokens,
+        prompt_tokens=r.prompt_tokens, finish_reason=r.finish_reason, num_rounds=r.num_rounds, target_forwards=r.target_forwards,
+        accept_lengths=json.dumps(r.accept_lengths), draft_lengths=json.dumps(r.draft_lengths),
+        per_position_acceptance=json.dumps(r.per_position_acceptance()),
+        caps_chosen=json.dumps(caps_chosen) if caps_chosen is not None else None,
+        mean_accept_len=r.mean_accept_len, prefill_seconds=r.prefill_seconds, decode_seconds=decode_s,
+        tokens_per_sec=r.tokens_per_sec, decode_tokens_per_sec=r.decode_tokens_per_sec, lossless=lossless, mismatch_index=mismatch,
+    )
+
+
+def _first_mismatch(a: list[int], b: list[int]) -> int | None:
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def find_resumable(engine, cfg: SweepConfig) -> str | None:
+    """The newest unfinished run of the same grid in this database, if any."""
+    with Session(engine) as s:
+        runs = s.exec(select(Run).where(Run.status != "finished").order_by(Run.started_at.desc())).all()
+    for run in runs:
+        if json.loads(run.config).get("key") == cfg.key():
+            return run.id
+    return None
+
+
+def run_sweep(
+    cfg: SweepConfig,
+    db_path: str | Path,
+    *,
+    resume: bool | str = False,
+    progress: bool = True,
+    on_event: Callable[[str], None] | None = None,
+) -> str:
+    """Run (or resume) a sweep into `db_path`; returns the run id."""
+    from ..db import open_db
+    from .device import collect_device_stamp, device_key, machine_class
+    from .prompts import load_prompt_sets
+
+    say = on_event or (lambda _m: None)
+    sets = load_prompt_sets(cfg.prompt_sets, limit=cfg.prompt_limit)
+    engine = open_db(db_path)
+    stamp = collect_device_stamp({"drafter_bits": cfg.drafter_bits, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens})
+    run_id = resume if isinstance(resume, str) else (find_resumable(engine, cfg) if resume else None)
+    with Session(engine) as s:
+        if run_id is not None:
+            run = s.get(Run, run_id)
+            if run is None:
+                raise DsparkError(f"no run {run_id!r} in {db_path} to resume.")
+            run.status = "running"
+            s.add(run)
+        else:
+            from .. import __version__
+
+            run_id = uuid.uuid4().hex[:12]
+            s.add(Run(id=run_id, dspark_lab_version=__version__, device_key=device_key(stamp), machine=machine_class(stamp),
+                      device_stamp=json.dumps(stamp, default=str),
+                      config=json.dumps({**asdict(cfg), "key": cfg.key(), "prompt_set_versions": {p.name: p.version for p in sets}})))
+        s.commit()
+        done = {(t.arm_key, t.trial_index) for t in s.exec(select(Trial).where(Trial.run_id == run_id)).all()}
+    say(f"run {run_id}: {len(done)} trials already stored")
+
+    status = "interrupted"
+    try:
+        for model_id in cfg.models:
+            _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say)
+        status = "finished"
+    except Exception:
+        status = "failed"
+        raise
+    finally:
+        with Session(engine) as s:
+            run = s.get(Run, run_id)
+            run.status, run.finished_at = status, utcnow()
+            s.add(run)
+            s.commit()
+        engine.dispose()
+    return run_id
+
+
+def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from ..engine import greedy_generate, load_target, lookup_generate, speculative_generate
+    from ..engine.drafters.load import load_dspark
+    from ..errors import LoadError
+    from .calibrate import calibrate
+    from .controller import DEFAULT_ACCEPTANCE, CapController
+
+    target, tok = load_target(model_id, dtype=cfg.dtype)
+    drafters = {}
+    if "dspark" in cfg.modes:
+        for d in cfg.drafters:
+            try:
+                drafters[d] = load_dspark(d, target, bits=cfg.drafter_bits)
+            except LoadError as e:  # a head for another model in a multi-model grid
+                say(f"skipping drafter {d} for {model_id}: {e}")
+    arms = plan_arms(cfg, model_id, list(drafters))
+    cells = [(p, prompt, i) for p in sets for prompt in p.prompts for i in range(cfg.trials)]
+    todo = [(arm, c) for c in cells for arm in arms if (f"{arm.key}|{c[0].name}|{c[1].id}", c[2]) not in done]
+    if not todo:
+        return
+    curves_for = {}  # arm key -> calibrated cost curves, for cap "auto"
+
+    def generate(arm: Arm, prompt_input, max_new):
+        ctrl = None
+        if arm.cap == "auto":
+            if arm.key not in curves_for:
+                curves_for[arm.key] = calibrate(target, drafters.get(arm.drafter_id), mode=arm.mode, model_id=model_id,
+                                                drafter_id=arm.drafter_id, db=engine)[1]
+            max_cap = drafters[arm.drafter_id].config.max_drafts if arm.mode == "dspark" else 8
+            # A fresh controller per generation: each trial's cap choices depend on that trial alone.
+            ctrl = CapController(curves_for[arm.key], max_cap=max_cap, prior=DEFAULT_ACCEPTANCE[arm.mode])
+        cap = 0 if arm.cap in ("0", "auto") else int(arm.cap)
+        if arm.mode == "baseline":
+            r = greedy_generate(target, tok, prompt_input, max_new_tokens=max_new)
+        elif arm.mode == "lookup":
+            r = lookup_generate(target, tok, prompt_input, max_new_tokens=max_new, max_draft_tokens=cap or 8, cap_controller=ctrl)
+        else:
+            d = drafters[arm.drafter_id]
+            r = speculative_generate(target, tok, d, prompt_input, max_new_tokens=max_new,
+                                     max_draft_tokens=min(cap, d.config.max_drafts) if cap else 2, cap_controller=ctrl)
+        return r, (ctrl.history if ctrl is not None else None)
+
+    if cfg.warmup:  # every arm once on a short generation: compiles kernels, fills caches
+        first = sets[0].prompts[0].as_input()
+        for arm in arms:
+            generate(arm, first, min(16, cfg.max_new_tokens))
+
+    baseline_ids: dict[tuple[str, str], list[int]] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), disable=not progress, transient=False) as bar:
+        task = bar.add_task(f"sweep {model_id.split('/')[-1]}", total=len(todo))
+        for pset, prompt, i in cells:
+            cell_arms = [a for a in arms if (f"{a.key}|{pset.name}|{prompt.id}", i) not in done]
+            if not cell_arms:
+                continue
+            ref_key = (pset.name, prompt.id)
+            for n, arm in enumerate(cell_arms):
+                if n and cfg.cooldown:
+                    time.sleep(cfg.cooldown)
+                r, caps_chosen = generate(arm, prompt.as_input(), cfg.max_new_tokens)
+                lossless = mismatch = None
+                if arm.mode == "baseline":
+                    baseline_ids[ref_key] = r.token_ids
+                else:
+                    ref = baseline_ids.get(ref_key)
+                    if ref is None:  # resumed after the baseline was stored: compare with the stored one
+                        ref = _stored_baseline(engine, run_id, model_id, pset.name, prompt.id)
+                    if ref is not None:
+                        mismatch = _first_mismatch(ref, r.token_ids)
+                        lossless = mismatch is None
+                        if not lossless:
+                            msg = f"NOT LOSSLESS: {arm.key} on {pset.name}/{prompt.id} differs from baseline at token {mismatch}"
+                            bar.console.print(f"[bold red]{msg}[/]")
+                            say(msg)
+                row = _trial_row(run_id, arm, i, pset, prompt, cfg, r, caps_chosen, lossless, mismatch)
+                cell = (row.arm_key, i)
+                with Session(engine) as s:  # one commit per trial: a kill loses at most the one in flight
+                    s.add(row)
+                    s.commit()
+                done.add(cell)
+                bar.advance(task)
+                say(f"stored trial {len(done)}: {arm.key} {pset.name}/{prompt.id} #{i}")
+
+
+def _stored_baseline(engine, run_id, model_id, set_name, prompt_id) -> list[int] | None:
+    with Session(engine) as s:
+        row = s.exec(select(Trial).where(Trial.run_id == run_id, Trial.model_id == model_id, Trial.mode == "baseline",
+                                         Trial.prompt_set == set_name, Trial.prompt_id == prompt_id)).first()
+    return json.loads(row.output_ids) if row is not None else None

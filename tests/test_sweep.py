@@ -1,0 +1,237 @@
+"""Sweeps end to end on tiny pairs: every trial stored with its lossless flag, a SIGKILLed sweep
+resumed with no trial lost or duplicated, one database per writer, export -> ingest, and
+malformed result files rejected by message."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from dspark_lab.cli import app
+from dspark_lab.db import open_db
+from dspark_lab.errors import DsparkError, InputError
+from dspark_lab.lab import results as results_mod
+from dspark_lab.lab.results import export_run, ingest, read_result
+from dspark_lab.lab.sweep import SweepConfig, load_grid, run_sweep
+from dspark_lab.tiny import build_tiny_dspark
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def head(tiny_dirs, tmp_path_factory):
+    return build_tiny_dspark(tmp_path_factory.mktemp("sweephead") / "h", tiny_dirs["qwen3"], block_size=4)
+
+
+def small_config(model, head, **kw):
+    base = dict(models=[str(model)], drafters=[str(head)], modes=["baseline", "lookup", "dspark"], caps=["2", "auto"],
+                prompt_sets=["code", "chat"], trials=2, max_new_tokens=10, prompt_limit=2)
+    base.update(kw)
+    return SweepConfig(**base)
+
+
+def rows(db, sql):
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.sql(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_sweep_stores_every_trial(tiny_dirs, head, tmp_path):
+    db = tmp_path / "r.duckdb"
+    rid = run_sweep(small_config(tiny_dirs["qwen3"], head), db, progress=False)
+    # arms: baseline + lookup x 2 caps + dspark x 2 caps = 5; cells: 2 sets x 2 prompts x 2 trials = 8
+    assert rows(db, "select count(*) from trials")[0][0] == 40
+    assert rows(db, "select status from runs")[0][0] == "finished"
+    assert rows(db, "select count(*) from trials where mode = 'baseline' and lossless is not null")[0][0] == 0
+    assert rows(db, "select count(*) from trials where mode != 'baseline' and lossless")[0][0] == 32
+    assert rows(db, "select count(*) from trials where cap = 'auto' and caps_chosen is null")[0][0] == 0
+    assert rows(db, "select count(*) from (select arm_key, trial_index from trials group by all having count(*) > 1)")[0][0] == 0
+    cfg = json.loads(rows(db, "select config from runs")[0][0])
+    assert set(cfg["prompt_set_versions"]) == {"code", "chat"}
+    stamp = json.loads(rows(db, "select device_stamp from runs")[0][0])
+    assert stamp["mlx_version"] and rows(db, "select count(*) from calibration")[0][0] >= 2  # auto calibrated both modes
+    types = dict(rows(db, "select column_name, data_type from information_schema.columns where table_name = 'trials'"))
+    assert types["decode_tokens_per_sec"] == "DOUBLE"
+
+
+def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
+    import dspark_lab.engine as engine_mod
+
+    real = engine_mod.lookup_generate
+
+    def broken(*a, **k):  # a lookup that changes one token: the sweep must flag it, not drop it
+        r = real(*a, **k)
+        r.token_ids = r.token_ids[:-1] + [(r.token_ids[-1] + 1) % 50]
+        return r
+
+    monkeypatch.setattr(engine_mod, "lookup_generate", broken)
+    db = tmp_path / "m.duckdb"
+    events = []
+    run_sweep(small_config(tiny_dirs["qwen3"], head, modes=["baseline", "lookup"], caps=["2"], trials=1), db, progress=False, on_event=events.append)
+    assert rows(db, "select count(*) from trials where mode = 'lookup' and not lossless and mismatch_index is not null")[0][0] == 4
+    assert any("NOT LOSSLESS" in e for e in events)
+
+
+SWEEP_ARGS = ["--caps", "2,4", "--prompts", "code,math", "--trials", "3", "-n", "12", "--prompt-limit", "3", "--no-warmup", "-v"]
+
+
+def start_sweep(model, head, db):
+    cmd = [sys.executable, "-m", "dspark_lab", "sweep", "-m", str(model), "-d", str(head), "--db", str(db), *SWEEP_ARGS]
+    return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env={**os.environ, "COLUMNS": "200"})
+
+
+def wait_for(proc, needle, limit=240):
+    t = time.time()
+    for line in proc.stderr:
+        if needle in line:
+            return line
+        if time.time() - t > limit:
+            break
+    raise AssertionError(f"never saw {needle!r}")
+
+
+def test_killed_sweep_resumes_without_loss_or_duplicates(tiny_dirs, head, tmp_path):
+    db = tmp_path / "k.duckdb"
+    proc = start_sweep(tiny_dirs["qwen3"], head, db)
+    wait_for(proc, "stored trial 7:")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    stored = rows(db, "select count(*) from trials")[0][0]
+    assert stored >= 7
+    assert rows(db, "select status from runs")[0][0] == "running"  # killed: never marked finished
+    r = runner.invoke(app, ["sweep", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--db", str(db), "--resume", *SWEEP_ARGS])
+    assert r.exit_code == 0, r.output
+    total = 5 * 2 * 3 * 3  # arms x sets x prompts x trials
+    assert rows(db, "select count(*) from trials")[0][0] == total
+    assert rows(db, "select count(*) from (select arm_key, trial_index from trials group by all having count(*) > 1)")[0][0] == 0
+    assert rows(db, "select count(*), min(status) from runs")[0] == (1, "finished")
+
+
+def test_two_sweeps_on_one_database_get_a_clear_error(tiny_dirs, head, tmp_path):
+    db = tmp_path / "busy.duckdb"
+    proc = start_sweep(tiny_dirs["qwen3"], head, db)
+    try:
+        wait_for(proc, "stored trial 1:")
+        r = runner.invoke(app, ["sweep", "-m", str(tiny_dirs["qwen3"]), "--db", str(db), "--trials", "1", "-n", "4", "--prompt-limit", "1"])
+        assert r.exit_code == 2 and "in use by another dspark-lab process" in r.output
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_export_ingest_round_trip(tiny_dirs, head, tmp_path):
+    db = tmp_path / "a.duckdb"
+    rid = run_sweep(small_config(tiny_dirs["qwen3"], head, trials=1, caps=["2"]), db, progress=False)
+    engine = open_db(db)
+    path = export_run(engine, rid, tmp_path / "result.json")
+    engine.dispose()
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "dspark-lab-result" and doc["schema_version"] == 1 and doc["run"]["device_stamp"]
+    other = open_db(tmp_path / "b.duckdb")
+    assert "ingested run" in ingest(other, [path])[0][1]
+    assert "already in the database" in ingest(other, [path])[0][1]
+    other.dispose()
+    assert rows(tmp_path / "b.duckdb", "select count(*) from trials")[0][0] == rows(db, "select count(*) from trials")[0][0]
+    assert rows(tmp_path / "b.duckdb", "select source from runs")[0][0] == "ingested:result.json"
+    r = runner.invoke(app, ["export", "--db", str(db), "--parquet", str(tmp_path / "pq")])
+    assert r.exit_code == 0, r.output
+    assert rows(db, f"select count(*) from '{tmp_path / 'pq' / 'trials.parquet'}'")[0][0] == len(doc["trials"])
+
+
+@pytest.fixture(scope="module")
+def good_result(tiny_dirs, head, tmp_path_factory):
+    d = tmp_path_factory.mktemp("good")
+    rid = run_sweep(small_config(tiny_dirs["qwen3"], head, trials=1, caps=["2"], prompt_limit=1, prompt_sets=["code"]), d / "g.duckdb", progress=False)
+    engine = open_db(d / "g.duckdb")
+    path = export_run(engine, rid, d / "good.json")
+    engine.dispose()
+    return json.loads(path.read_text())
+
+
+def mutate(doc, fn):
+    doc = json.loads(json.dumps(doc))
+    fn(doc)
+    return doc
+
+
+MALFORMED = [
+    ("not-json", "{not json", "not valid JSON"),
+    ("empty", "", "the file is empty"),
+    ("list", [], "expected a JSON object"),
+    ("format", lambda d: d.update(format="other"), "not a dspark-lab result file"),
+    ("no-version", lambda d: d.pop("schema_version"), "missing or invalid schema_version"),
+    ("newer", lambda d: d.update(schema_version=99), "newer than this dspark-lab reads"),
+    ("no-run", lambda d: d.pop("run"), "field 'run' is missing"),
+    ("trials-dict", lambda d: d.update(trials={}), "field 'trials' is missing or not a list"),
+    ("bad-type", lambda d: d["trials"][0].update(num_tokens="many"), "trial 0 is invalid: field 'num_tokens'"),
+    ("missing-field", lambda d: d["trials"][0].pop("output_hash"), "trial 0 is invalid: field 'output_hash'"),
+    ("foreign-trial", lambda d: d["trials"][0].update(run_id="elsewhere"), "belongs to run 'elsewhere'"),
+    ("not-a-list", lambda d: d["trials"][0].update(accept_lengths="{}"), "field 'accept_lengths' is not a JSON list"),
+    ("run-invalid", lambda d: d["run"].pop("device_key"), "run record is invalid: field 'device_key'"),
+]
+
+
+@pytest.mark.parametrize("name, change, match", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_result_files_are_rejected(good_result, tmp_path, name, change, match):
+    path = tmp_path / f"{name}.json"
+    if isinstance(change, str):
+        path.write_text(change)
+    elif isinstance(change, list):
+        path.write_text(json.dumps(change))
+    else:
+        path.write_text(json.dumps(mutate(good_result, change)))
+    with pytest.raises(DsparkError, match=match):
+        read_result(path)
+    engine = open_db(tmp_path / "x.duckdb")
+    assert ingest(engine, [path])[0][1].startswith("rejected")
+    engine.dispose()
+
+
+def test_oversized_result_file_is_rejected(good_result, tmp_path, monkeypatch):
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(good_result))
+    monkeypatch.setattr(results_mod, "MAX_BYTES", 100)
+    with pytest.raises(DsparkError, match="larger than"):
+        read_result(path)
+
+
+def test_ingest_cli_reports_rejects(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    r = runner.invoke(app, ["ingest", str(bad), "--db", str(tmp_path / "i.duckdb")])
+    assert r.exit_code == 2 and "rejected" in r.output
+
+
+def test_grid_file(tiny_dirs, head, tmp_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'models = ["{tiny_dirs["qwen3"]}"]\ndrafters = ["{head}"]\nmodes = ["baseline", "dspark"]\ncaps = [3]\n'
+                    'prompt_sets = ["math"]\ntrials = 1\nmax_new_tokens = 6\nprompt_limit = 1\n')
+    r = runner.invoke(app, ["sweep", "--grid", str(grid), "--db", str(tmp_path / "g.duckdb")])
+    assert r.exit_code == 0, r.output
+    assert rows(tmp_path / "g.duckdb", "select count(*) from trials")[0][0] == 2
+    grid.write_text('models = ["x"]\nbogus = 1\n')
+    with pytest.raises(InputError, match="unknown key"):
+        load_grid(grid)
+    grid.write_text("models = [")
+    with pytest.raises(InputError, match="invalid TOML"):
+        load_grid(grid)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(modes=["baseline", "warp"]), "unknown mode"),
+    (dict(drafters=[]), "mode dspark needs at least one --drafter"),
+    (dict(caps=["two"]), "is not a positive number or 'auto'"),
+    (dict(trials=0), "must be >= 1"),
+    (dict(models=[]), "needs at least one --model"),
+])
+def test_bad_sweep_configs(tiny_dirs, head, kw, match):
+    with pytest.raises(InputError, match=match):
+        small_config(tiny_dirs["qwen3"], head, **kw)
