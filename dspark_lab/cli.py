@@ -380,31 +380,46 @@ def fetch_model(
 @friendly_errors
 def demo(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens per generation.")] = 48,
-    keep: Annotated[Optional[Path], typer.Option(help="Write the tiny model here instead of a temp dir.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for the demo's model, head and database (default: a new temp folder).")] = None,
 ):
-    """Build a tiny random model in a temp dir and run plain vs lookup decoding on it.
+    """Build a tiny random model and DSpark head, decode plainly and speculatively, then run a
+    small sweep into a results database.
 
-    Shows that speculative output is token-for-token identical to plain decoding, and how many
-    tokens each round commits."""
-    from .engine import greedy_generate, load_target, lookup_generate
-    from .tiny import build_tiny_model
+    Shows that speculative output is token-for-token identical to plain decoding, how many
+    tokens each round commits, and where the sweep's trials are stored. Timings of a toy model
+    on this machine mean nothing; measured speedups are in docs/performance.md."""
+    from .engine import greedy_generate, load_target, lookup_generate, speculative_generate
+    from .engine.drafters.load import load_dspark
+    from .lab.sweep import SweepConfig, run_sweep
+    from .tiny import build_tiny_dspark, build_tiny_model
 
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model((keep or Path(tmp)) / "tiny-qwen3", "qwen3")
-        target, tokenizer = load_target(model_dir)
-        table = Table("prompt", "baseline tok/s", "lookup tok/s", "mean accept", "identical")
-        all_same = True
-        for prompt in ["def fibonacci(n):", "The quick brown fox", "Hello, how are you today?", "for i in range(10):"]:
-            greedy_generate(target, tokenizer, prompt, max_new_tokens=8)  # warm-up
-            base = greedy_generate(target, tokenizer, prompt, max_new_tokens=max_new_tokens)
-            spec = lookup_generate(target, tokenizer, prompt, max_new_tokens=max_new_tokens)
-            same = base.token_ids == spec.token_ids
-            all_same &= same
-            table.add_row(prompt, f"{base.tokens_per_sec:.0f}", f"{spec.tokens_per_sec:.0f}", f"{spec.mean_accept_len:.2f}", "yes" if same else "[red]NO[/]")
-        out.print(f"tiny random qwen3 model at {model_dir} (CPU timings of a toy model; speed claims come from docs/performance.md)")
-        out.print(table)
+    work = out_dir or Path(tempfile.mkdtemp(prefix="dspark-demo-"))
+    model_dir = build_tiny_model(work / "tiny-qwen3", "qwen3")
+    target, tokenizer = load_target(model_dir)
+    # A head whose Markov term repeats the last token: the random model loops, so it is right often.
+    head_dir = build_tiny_dspark(work / "tiny-dspark-head", model_dir, markov_rank=target.vocab_size, repeat_bias=20.0, block_size=4)
+    head = load_dspark(head_dir, target)
+    table = Table("prompt", "baseline tok/s", "lookup tok/s (accept)", "dspark tok/s (accept)", "identical")
+    all_same = True
+    for prompt in ["def fibonacci(n):", "The quick brown fox", "Hello, how are you today?", "for i in range(10):"]:
+        greedy_generate(target, tokenizer, prompt, max_new_tokens=8)  # warm-up
+        base = greedy_generate(target, tokenizer, prompt, max_new_tokens=max_new_tokens)
+        look = lookup_generate(target, tokenizer, prompt, max_new_tokens=max_new_tokens)
+        spec = speculative_generate(target, tokenizer, head, prompt, max_new_tokens=max_new_tokens, max_draft_tokens=4)
+        same = base.token_ids == look.token_ids == spec.token_ids
+        all_same &= same
+        table.add_row(prompt, f"{base.tokens_per_sec:.0f}", f"{look.tokens_per_sec:.0f} ({look.mean_accept_len:.2f})",
+                      f"{spec.tokens_per_sec:.0f} ({spec.mean_accept_len:.2f})", "yes" if same else "[red]NO[/]")
+    out.print(f"tiny random qwen3 model and DSpark head in {work}")
+    out.print(table)
+    db = work / "results.duckdb"
+    cfg = SweepConfig(models=[str(model_dir)], drafters=[str(head_dir)], modes=["baseline", "lookup", "dspark"], caps=["2", "4", "auto"],
+                      prompt_sets=["code", "math", "chat"], trials=1, max_new_tokens=24, prompt_limit=2)
+    run_id = run_sweep(cfg, db, progress=True)
+    out.print(f"sweep run {run_id}: results database {db}")
+    out.print(f"next: dspark-lab export --db {db} --list")
     if not all_same:
-        err.print("[bold red]lookup output differed from plain decoding[/]")
+        err.print("[bold red]speculative output differed from plain decoding[/]")
         raise typer.Exit(1)
 
 
