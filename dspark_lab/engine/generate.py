@@ -196,6 +196,14 @@ class LookupSource(DraftSource):
         self.index.extend(tokens)
 
 
+def cap_schedule(cap_controller, fixed: int, limit: int):
+    """(cap, on_round) for speculative_loop: a fixed cap, or a controller asked before every
+    round (bounded by `limit`) and told how each round went."""
+    if cap_controller is None:
+        return fixed, None
+    return (lambda: min(cap_controller.cap(), limit)), cap_controller.observe
+
+
 def speculative_loop(
     target: Target,
     prompt_ids: list[int],
@@ -289,9 +297,8 @@ def lookup_generate(
         config = LookupConfig(min_n=min_n, max_n=max_n, max_draft=max_draft_tokens)
     except ValueError as e:
         raise InputError(str(e)) from e
-    cap = (lambda: min(cap_controller.cap(), max_draft_tokens)) if cap_controller is not None else max_draft_tokens
+    cap, on_round = cap_schedule(cap_controller, max_draft_tokens, max_draft_tokens)
     return speculative_loop(
         target, prompt_ids, params, LookupSource(config), max_new_tokens=max_new_tokens, cap=cap,
-        stream=TextStream(tokenizer, stop, on_text), mode="lookup",
-        on_round=cap_controller.observe if cap_controller is not None else None,
+        stream=TextStream(tokenizer, stop, on_text), mode="lookup", on_round=on_round,
     )

@@ -13,7 +13,7 @@ import mlx.core as mx
 from ..errors import InputError, LoadError
 from .drafters.dspark import DSparkDrafter
 from .drafters.lookup import LookupConfig, NgramIndex
-from .generate import Draft, DraftSource, GenResult, _setup, speculative_loop
+from .generate import Draft, DraftSource, GenResult, _setup, cap_schedule, speculative_loop
 from .loading import load_target
 from .target import Target
 from .text import TextStream
@@ -96,8 +96,7 @@ def speculative_generate(
     if confidence_threshold > 0 and not drafter.config.enable_confidence_head:
         raise InputError("confidence_threshold needs a head with a confidence head; this one has none. Leave it at 0.")
     source = DSparkSource(drafter, lookup=lookup_drafts, confidence_threshold=confidence_threshold)
-    cap = (lambda: min(cap_controller.cap(), limit)) if cap_controller is not None else max_draft_tokens
-    on_round = cap_controller.observe if cap_controller is not None else None
+    cap, on_round = cap_schedule(cap_controller, max_draft_tokens, limit)
     result = speculative_loop(target, prompt_ids, params, source, max_new_tokens=max_new_tokens, cap=cap,
                               stream=TextStream(tokenizer, stop, on_text), mode="dspark", on_round=on_round)
     result.host_reads += source.extra_reads
