@@ -28,7 +28,7 @@ from dspark_lab.engine.drafters.dspark_config import DSparkConfig
 from dspark_lab.engine.drafters.load import quantize_head
 from dspark_lab.engine.generate import speculative_loop
 from dspark_lab.engine.sampling import SamplingParams, verify
-from dspark_lab.engine.speculative import DSparkSource
+from dspark_lab.engine.speculative import HeadSource
 from dspark_lab.engine.target import Target
 from dspark_lab.engine.text import TextStream
 
@@ -145,7 +145,7 @@ def main() -> None:
             samples.append(p)
         med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
         # The real loop, pipelined, same cap.
-        source = DSparkSource(drafter, lookup=False)
+        source = HeadSource(drafter, lookup=False)
         speculative_loop(target, prompt, params, source, max_new_tokens=8, cap=cap, stream=TextStream(NullTokenizer()), mode="dspark")
         res = speculative_loop(target, prompt, params, source, max_new_tokens=args.repeats * 2, cap=cap,
                                stream=TextStream(NullTokenizer()), mode="dspark")

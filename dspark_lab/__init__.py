@@ -3,12 +3,12 @@
 __version__ = "0.1.0"
 
 from .engine import (  # noqa: E402
-    GenResult, PairConfig, SamplingParams, Target, greedy_generate, load_pair, load_target, lookup_generate,
-    speculative_generate,
+    GenResult, PairConfig, SamplingParams, Target, dflash_generate, greedy_generate, load_dflash_pair, load_pair,
+    load_target, lookup_generate, speculative_generate,
 )
 from .errors import DsparkError, InputError, LoadError  # noqa: E402
 
 __all__ = [
     "DsparkError", "GenResult", "InputError", "LoadError", "SamplingParams", "Target",
-    "PairConfig", "greedy_generate", "load_pair", "load_target", "lookup_generate", "speculative_generate",
+    "PairConfig", "dflash_generate", "greedy_generate", "load_dflash_pair", "load_pair", "load_target", "lookup_generate", "speculative_generate",
 ]

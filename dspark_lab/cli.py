@@ -49,6 +49,7 @@ class Mode(str, Enum):
     baseline = "baseline"
     lookup = "lookup"
     dspark = "dspark"
+    dflash = "dflash"
     auto = "auto"
 
 
@@ -61,8 +62,8 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
-    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
-    drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark head directory or repo id (--mode dspark).")] = None,
+    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dflash: a DFlash / DFlash 2 head (--drafter); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head directory or repo id.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
     max_draft: Annotated[Optional[str], typer.Option(help="Most tokens drafted per round (lookup default 8; dspark default 2, at most the head's block size), or 'auto': a live cap controller on this machine's calibrated cost curves.")] = None,
     db: Annotated[Path, typer.Option(help="Results database holding calibration curves (used by --max-draft auto).")] = Path("results.duckdb"),
@@ -94,8 +95,8 @@ def generate(
             raise DsparkError(f"--max-draft must be a number or 'auto', got {max_draft!r}.") from None
     else:
         max_draft = None
-    if mode is Mode.dspark and drafter is None:
-        raise DsparkError("--mode dspark needs --drafter DIR (a DSpark head for this model); or use --mode auto or lookup.")
+    if mode in (Mode.dspark, Mode.dflash) and drafter is None:
+        raise DsparkError(f"--mode {mode.value} needs --drafter DIR (a head for this model); or use --mode auto or lookup.")
     if mode is Mode.auto and drafter is None:
         try:
             target, tokenizer, head, pair = load_pair(model, None, drafter_bits=drafter_bits, drafter_window=drafter_window, max_draft_tokens=max_draft, **load_opts)
@@ -108,17 +109,23 @@ def generate(
     elif mode in (Mode.dspark, Mode.auto):
         target, tokenizer, head, pair = load_pair(model, drafter, drafter_bits=drafter_bits, drafter_window=drafter_window, max_draft_tokens=max_draft, **load_opts)
         mode, max_draft = Mode.dspark, pair.max_draft_tokens
+    if mode is Mode.dflash:
+        from .engine import load_dflash_pair
+
+        target, tokenizer, head, pair = load_dflash_pair(model, drafter, drafter_bits=drafter_bits, drafter_window=drafter_window,
+                                                          max_draft_tokens=max_draft, **load_opts)
+        max_draft = pair.max_draft_tokens
     if mode in (Mode.baseline, Mode.lookup):
         target, tokenizer = load_target(model, **load_opts)
     controller = None
-    if auto_cap and mode in (Mode.dspark, Mode.lookup):
+    if auto_cap and mode in (Mode.dspark, Mode.dflash, Mode.lookup):
         from .db import open_db
         from .lab.calibrate import calibrate as run_calibration
 
         err.print("[dim]--max-draft auto: calibrating this pair on this machine (stored curves are reused)...[/]")
-        controller, _, reused = run_calibration(target, head if mode is Mode.dspark else None, mode=mode.value, model_id=model,
+        controller, _, reused = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
                                                 drafter_id=drafter, db=open_db(db))
-    if mode is Mode.dspark:
+    if mode in (Mode.dspark, Mode.dflash):
         result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
                                       confidence_threshold=confidence_threshold, cap_controller=controller, **common)
     elif mode is Mode.lookup:
@@ -137,6 +144,7 @@ def generate(
 
 class CalMode(str, Enum):
     dspark = "dspark"
+    dflash = "dflash"
     lookup = "lookup"
 
 
@@ -165,10 +173,13 @@ def calibrate(
     from .lab.calibrate import CalibrationPlan, calibrate as run_calibration, validate
     from .lab.controller import static_cap
 
-    if mode is CalMode.dspark:
+    if mode is not CalMode.lookup:
         if drafter is None:
-            raise DsparkError("--mode dspark needs --drafter DIR; use --mode lookup to calibrate lookup decoding.")
-        target, tokenizer, head, _ = load_pair(model, drafter, drafter_bits=drafter_bits, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code)
+            raise DsparkError(f"--mode {mode.value} needs --drafter DIR; use --mode lookup to calibrate lookup decoding.")
+        from .engine import load_dflash_pair
+
+        loader = load_pair if mode is CalMode.dspark else load_dflash_pair
+        target, tokenizer, head, _ = loader(model, drafter, drafter_bits=drafter_bits, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code)
     else:
         (target, tokenizer), head = load_target(model, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code), None
     if repeats < 1:
@@ -217,7 +228,7 @@ def _csv(value: str) -> list[str]:
 def sweep(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
     drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark (the baseline always runs). Default: lookup, plus dspark when a drafter is given.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dflash (the baseline always runs). Default: lookup, plus dspark and dflash when drafters are given (each head runs in the mode it loads as).")] = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
@@ -242,7 +253,7 @@ def sweep(
     else:
         if not model:
             raise DsparkError("sweep needs --model (or --grid FILE).")
-        mode_list = _csv(modes) if modes else (["lookup", "dspark"] if drafter else ["lookup"])
+        mode_list = _csv(modes) if modes else (["lookup", "dspark", "dflash"] if drafter else ["lookup"])
         cfg = SweepConfig(models=model, drafters=drafter or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype)

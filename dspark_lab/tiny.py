@@ -195,3 +195,46 @@ def build_tiny_dspark(out_dir: str | Path, target_dir: str | Path, *, layout: st
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def build_tiny_dflash(out_dir: str | Path, target_dir: str | Path, *, version: int = 1, num_layers: int = 2,
+                      block_size: int = 5, sliding_window: int = 6, nested_block_size: bool = False, seed: int = 0) -> Path:
+    """Write a random DFlash (version 1: one full and one sliding layer) or DFlash 2 (all sliding,
+    bidirectional, with convolutions and the candidate selector) head for the tiny target."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from .engine.drafters.dflash import DFlashHead, parse_dflash_config
+
+    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    H, V, n_t = tcfg["hidden_size"], tcfg["vocab_size"], tcfg["num_hidden_layers"]
+    dflash = {"mask_token_id": V - 1, "target_layer_ids": [0, n_t - 1] if n_t > 1 else [0]}
+    config = {"architectures": ["DFlash2DraftModel" if version == 2 else "DFlashDraftModel"], "model_type": "qwen3",
+              "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},  # never obeyed
+              "hidden_size": H, "vocab_size": V, "num_hidden_layers": num_layers, "intermediate_size": 2 * H,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "num_target_layers": n_t, "sliding_window": sliding_window, "dflash_config": dflash}
+    if version == 2:
+        config["layer_types"] = ["sliding_attention"] * num_layers
+        config["is_causal"] = False
+        dflash.update(conv_kernel_size=2, conv_group_size=16, selector_rank=16, selector_top_k=4, output_multiplier=0.5,
+                      final_logit_softcapping=20.0)
+    else:
+        config["layer_types"] = (["full_attention", "sliding_attention"] * num_layers)[:num_layers]
+    if nested_block_size:
+        dflash["block_size"] = block_size
+    else:
+        config["block_size"] = block_size
+    mx.random.seed(seed)
+    head = DFlashHead(parse_dflash_config(config, set()), H)
+    weights = dict(tree_flatten(head.parameters()))
+    if version == 2:
+        # Random but non-trivial convolutions and codebooks, so every DFlash 2 path matters.
+        for k in list(weights):
+            if k.endswith(("base_kernel", "predecessor_codebook", "successor_codebook")):
+                weights[k] = mx.random.normal(weights[k].shape) * 0.5
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out

@@ -11,7 +11,6 @@ from typing import Callable, Sequence
 import mlx.core as mx
 
 from ..errors import InputError, LoadError
-from .drafters.dspark import DSparkDrafter
 from .drafters.lookup import LookupConfig, NgramIndex
 from .generate import Draft, DraftSource, GenResult, _setup, cap_schedule, speculative_loop
 from .loading import load_target
@@ -22,15 +21,14 @@ from .text import TextStream
 LOOKUP_MIN_MATCH = 3
 
 
-class DSparkSource(DraftSource):
-    """Drafts from a DSpark head; when the n-gram index finds a long match, verifies that
-    continuation instead (free, and often longer). Every committed row's taps go to the
-    head's context either way, so the head stays in step with the target."""
+class HeadSource(DraftSource):
+    """Drafts from a model head (DSpark, DFlash); when the n-gram index finds a long match,
+    verifies that continuation instead (free, and often longer). Every committed row's taps go
+    to the head's context either way, so the head stays in step with the target."""
 
-    name = "dspark"
-
-    def __init__(self, drafter: DSparkDrafter, *, lookup: bool = True, confidence_threshold: float = 0.0):
+    def __init__(self, drafter, *, lookup: bool = True, confidence_threshold: float = 0.0):
         self.drafter = drafter
+        self.name = drafter.kind
         self.taps = drafter.target_layer_ids
         self.lookup = lookup
         self.threshold = confidence_threshold
@@ -55,8 +53,8 @@ class DSparkSource(DraftSource):
             # Truncating changes the verify width, which the host must know: one extra read.
             keep = mx.cumprod((out.survival >= self.threshold).astype(mx.int32)).sum().item()
             self.extra_reads += 1
-            return Draft(out.tokens[:keep], out.probs[:keep] if out.probs is not None else None, source="dspark")
-        return Draft(out.tokens, out.probs, source="dspark")
+            return Draft(out.tokens[:keep], out.probs[:keep] if out.probs is not None else None, source=self.name)
+        return Draft(out.tokens, out.probs, source=self.name)
 
     def commit(self, tokens, taps):
         if self.index is not None:
@@ -68,7 +66,7 @@ class DSparkSource(DraftSource):
 def speculative_generate(
     target: Target,
     tokenizer,
-    drafter: DSparkDrafter,
+    drafter,
     prompt: str | Sequence[int] | list[dict],
     *,
     max_new_tokens: int = 256,
@@ -84,21 +82,21 @@ def speculative_generate(
     on_text: Callable[[str], None] | None = None,
     apply_chat_template: bool = True,
 ) -> GenResult:
-    """Speculative decoding with a DSpark head: each round drafts up to `max_draft_tokens`
-    (or what `cap_controller` chooses), verifies them in one target forward and keeps exactly
-    what the target would have produced."""
+    """Speculative decoding with a model head (DSpark, or DFlash): each round drafts up to
+    `max_draft_tokens` (or what `cap_controller` chooses), verifies them in one target forward
+    and keeps exactly what the target would have produced."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     limit = drafter.config.max_drafts
     if cap_controller is None and not 1 <= max_draft_tokens <= limit:
         raise InputError(f"max_draft_tokens must be in 1..{limit} for this head (block_size {drafter.config.block_size}), got {max_draft_tokens}.")
     if not 0.0 <= confidence_threshold < 1.0:
         raise InputError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}.")
-    if confidence_threshold > 0 and not drafter.config.enable_confidence_head:
+    if confidence_threshold > 0 and not getattr(drafter.config, "enable_confidence_head", False):
         raise InputError("confidence_threshold needs a head with a confidence head; this one has none. Leave it at 0.")
-    source = DSparkSource(drafter, lookup=lookup_drafts, confidence_threshold=confidence_threshold)
+    source = HeadSource(drafter, lookup=lookup_drafts, confidence_threshold=confidence_threshold)
     cap, on_round = cap_schedule(cap_controller, max_draft_tokens, limit)
     result = speculative_loop(target, prompt_ids, params, source, max_new_tokens=max_new_tokens, cap=cap,
-                              stream=TextStream(tokenizer, stop, on_text), mode="dspark", on_round=on_round)
+                              stream=TextStream(tokenizer, stop, on_text), mode=drafter.kind, on_round=on_round)
     result.host_reads += source.extra_reads
     return result
 
@@ -164,3 +162,30 @@ def _registry_entry(model: str, registry) -> dict | None:
         if entry.get("target", "").rstrip("/").split("/")[-1].lower() == key:
             return entry
     return None
+
+
+def dflash_generate(target: Target, tokenizer, drafter, prompt, *, max_draft_tokens: int | None = None, lookup_drafts: bool = False, **kwargs) -> GenResult:
+    """Speculative decoding with a DFlash / DFlash 2 head; `max_draft_tokens=None` drafts the
+    full block (block_size - 1 tokens)."""
+    return speculative_generate(target, tokenizer, drafter, prompt, max_draft_tokens=max_draft_tokens or drafter.config.max_drafts,
+                                lookup_drafts=lookup_drafts, **kwargs)
+
+
+def load_dflash_pair(
+    model: str | os.PathLike,
+    drafter: str | os.PathLike,
+    *,
+    drafter_bits: int = 4,
+    drafter_window: int = 4096,
+    max_draft_tokens: int | None = None,
+    trust_remote_code: bool = False,
+    kv_bits: int | None = None,
+    dtype: str | None = None,
+):
+    """Load a target and its DFlash / DFlash 2 head -> (target, tokenizer, drafter, PairConfig)."""
+    from .drafters.load import load_dflash
+
+    target, tokenizer = load_target(model, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
+    head = load_dflash(drafter, target, bits=drafter_bits, window=drafter_window)
+    cap = max_draft_tokens or head.config.max_drafts
+    return target, tokenizer, head, PairConfig(str(model), str(drafter), "dflash", cap, "user", {})

@@ -27,7 +27,8 @@ from sqlmodel import Session, select
 from ..errors import DsparkError, InputError
 from ..schemas.records import Run, Trial, utcnow
 
-MODES = ("baseline", "lookup", "dspark")
+MODES = ("baseline", "lookup", "dspark", "dflash")
+HEAD_MODES = ("dspark", "dflash")  # modes that need a drafter head
 
 
 @dataclass
@@ -51,8 +52,9 @@ class SweepConfig:
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise InputError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}.")
-        if "dspark" in self.modes and not self.drafters:
-            raise InputError("mode dspark needs at least one --drafter; drop dspark from --modes or pass a head.")
+        for mode in HEAD_MODES:
+            if mode in self.modes and not self.drafters:
+                raise InputError(f"mode {mode} needs at least one --drafter; drop {mode} from --modes or pass a head.")
         for cap in self.caps:
             if cap != "auto" and not (cap.isdigit() and int(cap) >= 1):
                 raise InputError(f"cap {cap!r} is not a positive number or 'auto'.")
@@ -95,14 +97,14 @@ class Arm:
         return f"{self.model_id}|{self.drafter_id or '-'}|{self.mode}|{self.cap}"
 
 
-def plan_arms(cfg: SweepConfig, model_id: str, usable_drafters: list[str]) -> list[Arm]:
+def plan_arms(cfg: SweepConfig, model_id: str, usable: list[tuple[str, str]]) -> list[Arm]:
+    """usable: the (mode, drafter) pairs that loaded for this model."""
     # The baseline always runs: speedups and the lossless check are measured against it.
     arms = [Arm(model_id, "baseline", "0")]
     for cap in cfg.caps:
         if "lookup" in cfg.modes:
             arms.append(Arm(model_id, "lookup", cap))
-        if "dspark" in cfg.modes:
-            arms += [Arm(model_id, "dspark", cap, d) for d in usable_drafters]
+        arms += [Arm(model_id, mode, cap, d) for mode, d in usable if mode in cfg.modes]
     return arms
 
 
@@ -200,19 +202,20 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..engine import greedy_generate, load_target, lookup_generate, speculative_generate
-    from ..engine.drafters.load import load_dspark
+    from ..engine.drafters.load import load_dflash, load_dspark
     from ..errors import LoadError
     from .calibrate import calibrate
     from .controller import DEFAULT_ACCEPTANCE, CapController
 
     target, tok = load_target(model_id, dtype=cfg.dtype)
-    drafters = {}
-    if "dspark" in cfg.modes:
+    drafters = {}  # (mode, drafter id) -> loaded head
+    loaders = {"dspark": load_dspark, "dflash": load_dflash}
+    for mode in (m for m in HEAD_MODES if m in cfg.modes):
         for d in cfg.drafters:
             try:
-                drafters[d] = load_dspark(d, target, bits=cfg.drafter_bits)
-            except LoadError as e:  # a head for another model in a multi-model grid
-                say(f"skipping drafter {d} for {model_id}: {e}")
+                drafters[(mode, d)] = loaders[mode](d, target, bits=cfg.drafter_bits)
+            except LoadError as e:  # a head of the other kind, or for another model in a multi-model grid
+                say(f"skipping drafter {d} for {model_id} in mode {mode}: {e}")
     arms = plan_arms(cfg, model_id, list(drafters))
     cells = [(p, prompt, i) for p in sets for prompt in p.prompts for i in range(cfg.trials)]
     todo = [(arm, c) for c in cells for arm in arms if (f"{arm.key}|{c[0].name}|{c[1].id}", c[2]) not in done]
@@ -224,9 +227,9 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
         ctrl = None
         if arm.cap == "auto":
             if arm.key not in curves_for:
-                curves_for[arm.key] = calibrate(target, drafters.get(arm.drafter_id), mode=arm.mode, model_id=model_id,
+                curves_for[arm.key] = calibrate(target, drafters.get((arm.mode, arm.drafter_id)), mode=arm.mode, model_id=model_id,
                                                 drafter_id=arm.drafter_id, db=engine)[1]
-            max_cap = drafters[arm.drafter_id].config.max_drafts if arm.mode == "dspark" else 8
+            max_cap = drafters[(arm.mode, arm.drafter_id)].config.max_drafts if arm.mode in HEAD_MODES else 8
             # A fresh controller per generation: each trial's cap choices depend on that trial alone.
             ctrl = CapController(curves_for[arm.key], max_cap=max_cap, prior=DEFAULT_ACCEPTANCE[arm.mode])
         cap = 0 if arm.cap in ("0", "auto") else int(arm.cap)
@@ -235,7 +238,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
         elif arm.mode == "lookup":
             r = lookup_generate(target, tok, prompt_input, max_new_tokens=max_new, max_draft_tokens=cap or 8, cap_controller=ctrl)
         else:
-            d = drafters[arm.drafter_id]
+            d = drafters[(arm.mode, arm.drafter_id)]
             r = speculative_generate(target, tok, d, prompt_input, max_new_tokens=max_new,
                                      max_draft_tokens=min(cap, d.config.max_drafts) if cap else 2, cap_controller=ctrl)
         return r, (ctrl.history if ctrl is not None else None)

@@ -163,6 +163,8 @@ class DSparkDrafter:
     `embed` and `lm_head` are the head's own or the target's (bound at load when the head
     ships none)."""
 
+    kind = "dspark"
+
     def __init__(self, head: DSparkHead, embed, lm_head, *, window: int = 4096, name: str = ""):
         self.head = head
         self.config = head.config

@@ -53,15 +53,52 @@ def check_names(head: nn.Module, weights: dict[str, mx.array]) -> None:
         raise LoadError("the drafter's tensors do not match its declared architecture (" + "; ".join(parts) + ").")
 
 
-def quantize_head(head: DSparkHead, bits: int) -> None:
-    """Quantize every Linear/Embedding whose input width the group size divides."""
+def quantize_head(head: nn.Module, bits: int, keep_float: tuple[str, ...] = ()) -> None:
+    """Quantize every Linear/Embedding whose input width the group size divides, except
+    modules under the `keep_float` path prefixes."""
     if bits == 16:
         return
 
-    def eligible(_path: str, m: nn.Module) -> bool:
+    def eligible(path: str, m: nn.Module) -> bool:
+        if any(part in path for part in keep_float):
+            return False
         return isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.shape[-1] % QUANT_GROUP == 0 and m.weight.shape[0] > 1
 
     nn.quantize(head, group_size=QUANT_GROUP, bits=bits, class_predicate=eligible)
+
+
+def read_head(ref: str | os.PathLike, bits: int, window: int) -> tuple[Path, dict, dict[str, mx.array]]:
+    """Check the options, then the head's directory, config.json and tensors."""
+    if bits not in DRAFTER_BITS:
+        raise LoadError(f"drafter bits must be one of {', '.join(map(str, DRAFTER_BITS))} (16 keeps float weights), got {bits}.")
+    if window < 1:
+        raise LoadError(f"drafter window must be >= 1 position, got {window}.")
+    path = resolve_model_path(ref, what="drafter")
+    if not (path / "config.json").exists():
+        raise LoadError(f"no config.json in drafter directory {str(path)!r}.")
+    return path, read_json(path / "config.json"), read_safetensors(path)
+
+
+def load_dflash(ref: str | os.PathLike, target: Target, *, bits: int = 4, window: int = 4096):
+    """Load a DFlash or DFlash 2 head for `target` (strict names, 4-bit backbone by default;
+    the convolutions and the selector stay in float, as they are small and precision-bound)."""
+    from .dflash import DFlashDrafter, DFlashHead, parse_dflash_config
+
+    _, cfg_json, raw = read_head(ref, bits, window)
+    weights = {k[len("model."):] if k.startswith("model.") else k: v for k, v in raw.items()}
+    config = parse_dflash_config(cfg_json, set(weights))
+    target.check_taps(config.target_layer_ids)
+    if config.backbone.vocab_size != target.vocab_size:
+        raise LoadError(f"drafter vocabulary ({config.backbone.vocab_size}) differs from the target's ({target.vocab_size}): this head was trained for another model.")
+    if config.backbone.hidden_size != target.hidden_size:
+        raise LoadError(f"the DFlash head's hidden size ({config.backbone.hidden_size}) differs from the target's ({target.hidden_size}); it cannot use the target's embeddings and lm_head.")
+    head = DFlashHead(config, target.hidden_size)
+    check_names(head, weights)
+    head.load_weights(list(weights.items()), strict=True)
+    quantize_head(head, bits, keep_float=("_conv", "candidate_selector"))
+    mx.eval(head.parameters())
+    target.probe(config.target_layer_ids)
+    return DFlashDrafter(head, target.embed, target.head_logits, window=window, name=str(ref))
 
 
 def load_dspark(
@@ -72,15 +109,7 @@ def load_dspark(
     window: int = 4096,
 ) -> DSparkDrafter:
     """Load a DSpark head (any recognized packaging) for `target`."""
-    if bits not in DRAFTER_BITS:
-        raise LoadError(f"drafter bits must be one of {', '.join(map(str, DRAFTER_BITS))} (16 keeps float weights), got {bits}.")
-    if window < 1:
-        raise LoadError(f"drafter window must be >= 1 position, got {window}.")
-    path = resolve_model_path(ref, what="drafter")
-    if not (path / "config.json").exists():
-        raise LoadError(f"no config.json in drafter directory {str(path)!r}.")
-    cfg_json = read_json(path / "config.json")
-    raw = read_safetensors(path)
+    _, cfg_json, raw = read_head(ref, bits, window)
     weights = {rename_tensor(k): v for k, v in raw.items() if k not in TRAINING_ONLY}
     config = parse_dspark_config(cfg_json, set(raw))
 
