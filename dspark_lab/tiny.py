@@ -59,7 +59,31 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
                   num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=10000.0,
                   tie_word_embeddings=False, max_position_embeddings=4096),
+    # Targets whose caches do not simply trim (issue #8): gated-delta linear attention with a
+    # conv window, Mamba-2, short convolutions, and sliding-window attention in rotating caches.
+    "qwen3_next": dict(model_type="qwen3_next", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
+                       linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=0,
+                       num_experts_per_tok=1, decoder_sparse_step=1, shared_expert_intermediate_size=128,
+                       mlp_only_layers=[0, 1, 2, 3], moe_intermediate_size=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+                       partial_rotary_factor=0.5, max_position_embeddings=4096, full_attention_interval=2,
+                       tie_word_embeddings=False),
+    "nemotron_h": dict(model_type="nemotron_h", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, attention_bias=False, mamba_num_heads=4, mamba_head_dim=16,
+                       mamba_proj_bias=False, ssm_state_size=16, conv_kernel=4, n_groups=1, mlp_bias=False,
+                       layer_norm_epsilon=1e-5, use_bias=False, use_conv_bias=True, max_position_embeddings=4096,
+                       hybrid_override_pattern=["M", "*", "M", "-"], tie_word_embeddings=False),
+    "lfm2": dict(model_type="lfm2", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=4096, norm_eps=1e-5, conv_bias=False, conv_L_cache=3, block_dim=64,
+                 block_multiple_of=32, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False, block_ff_dim=128,
+                 full_attn_idxs=[1], rope_theta=10000.0, tie_word_embeddings=True),
+    "gemma3_text": dict(model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
+                        rope_local_base_freq=10000.0, query_pre_attn_scalar=16, sliding_window=8,
+                        sliding_window_pattern=2, max_position_embeddings=4096),
 }
+# The families whose every layer caches plainly (trim-only rollback).
+PLAIN_FAMILIES = ("qwen3", "qwen2", "llama")
 
 
 def build_tokenizer(out_dir: Path, vocab_size: int = 384):

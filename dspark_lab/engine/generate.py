@@ -244,6 +244,7 @@ def speculative_loop(
         on_host = isinstance(draft.tokens, list)
         drafts = mx.array(draft.tokens, dtype=mx.uint32) if on_host else draft.tokens.astype(mx.uint32)
         ids = mx.concatenate([mx.array([pending], dtype=mx.uint32), drafts])
+        snap = target.checkpoint(cache) if k else None
         out = target.forward(ids, cache, taps=source.taps)
         verdict = verify(out.logits, drafts, params, draft.probs)
         if not on_host and k:
@@ -253,7 +254,7 @@ def speculative_loop(
         n, nxt = read[0], read[1]
         tokens = draft.tokens[:n] if on_host else read[2 : 2 + n]
         forwards += 1
-        target.trim(cache, k - n)
+        target.rewind(cache, snap, ids, n + 1)
         new = tokens + [nxt]
         source.commit(new, {t: rows[: n + 1] for t, rows in out.taps.items()})
         accepts.append(len(new))

@@ -64,23 +64,39 @@ def _tapped_class(cls: type) -> type:
     return _TAPPED_CLASSES[cls]
 
 
-def _inner_and_head(model: nn.Module) -> tuple[nn.Module, Any, float | None]:
-    """The decoder stack (embeddings -> layers -> final norm), the vocabulary projection and
-    the logit softcap of an mlx-lm causal LM, following mlx-lm's own `Model.__call__`."""
-    inner = getattr(model, "model", None)
-    if inner is None and hasattr(model, "language_model"):
-        inner = getattr(model.language_model, "model", None)
+# Names mlx-lm's families use for the decoder stack, its embedding and its final norm.
+_INNER_NAMES = ("model", "backbone")
+_EMBED_NAMES = ("embed_tokens", "embeddings", "wte")
+_NORM_NAMES = ("norm", "norm_f", "final_norm", "final_layernorm", "embedding_norm")
+
+
+def _inner_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module, Any, float | None]:
+    """The decoder stack (embedding -> layers -> final norm), its embedding and final norm,
+    the vocabulary projection and the logit softcap of an mlx-lm causal LM."""
+    if "language_model" in model and not any(n in model for n in _INNER_NAMES):
         model = model.language_model
-    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "embed_tokens"):
+    inner = next((model[n] for n in _INNER_NAMES if n in model), None)
+    embed = next((inner[n] for n in _EMBED_NAMES if n in inner), None) if inner is not None else None
+    norm = next((inner[n] for n in _NORM_NAMES if n in inner), None) if inner is not None else None
+    if inner is None or embed is None or norm is None or "layers" not in inner:
         raise LoadError(
-            f"model_type {getattr(model, 'model_type', '?')!r} does not have the decoder layout "
-            "(model.embed_tokens, model.layers, model.norm) that dspark-lab taps; "
-            "this family needs dedicated support."
+            f"model_type {getattr(model, 'model_type', '?')!r} does not have a decoder layout dspark-lab can tap "
+            "(an embedding, a list of layers and a final norm); this family needs dedicated support. Use --mode baseline."
         )
-    head = model.lm_head if "lm_head" in model else inner.embed_tokens.as_linear
+    head = model.lm_head if "lm_head" in model else embed.as_linear
     args = getattr(model, "args", None)
     softcap = getattr(args, "final_logit_softcapping", None) if args is not None else None
-    return inner, head, softcap
+    return inner, embed, norm, head, softcap
+
+
+def _snapshot(obj):
+    """A copy of a cache state that later in-place updates cannot reach: arrays are sliced
+    (a new node), lists and tuples rebuilt; everything else is immutable."""
+    if isinstance(obj, mx.array):
+        return obj[...]
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_snapshot(x) for x in obj)
+    return obj
 
 
 @dataclass
@@ -105,11 +121,11 @@ class Target:
         self.name = name
         self.kv_bits = kv_bits
         self.model_type = config.get("model_type", getattr(model, "model_type", "?"))
-        self._inner, self._head, self._softcap = _inner_and_head(model)
+        self._inner, self._embed, self._norm, self._head, self._softcap = _inner_and_head(model)
         self.layers = self._inner.layers
         self.num_layers = len(self.layers)
-        self.vocab_size = int(self._inner.embed_tokens.weight.shape[0])
-        self.hidden_size = int(config.get("hidden_size") or self._inner.embed_tokens.weight.shape[1])
+        self.vocab_size = int(self._embed.weight.shape[0])
+        self.hidden_size = int(config.get("hidden_size") or self._embed.weight.shape[1])
         self.head_dim = int(config.get("head_dim") or self.hidden_size // config.get("num_attention_heads", 1))
         # KV quantization groups run along head_dim: the largest group size mlx supports that divides it.
         self.kv_group_size = next((g for g in (64, 32) if self.head_dim % g == 0), None)
@@ -137,6 +153,47 @@ class Target:
     def cache_len(cache: list) -> int:
         return cache[0].offset
 
+    # --- rollback ------------------------------------------------------------------------------
+    @staticmethod
+    def _rewinds_by_trim(c) -> bool:
+        # Plain and quantized KV caches drop their newest rows exactly. Recurrent states
+        # (ArraysCache: gated delta, Mamba, short convolutions) and rotating sliding-window
+        # caches cannot: their old values are gone once newer tokens are folded in.
+        return isinstance(c, (cache_lib.KVCache, cache_lib.QuantizedKVCache))
+
+    def checkpoint(self, cache: list):
+        """Before a verify forward: what rewinding needs (None when every cache just trims).
+        Arrays are sliced copies: MLX updates caches in place, so a bare reference would follow."""
+        if all(self._rewinds_by_trim(c) for c in cache):
+            return None
+        snap = []
+        for c in cache:
+            if self._rewinds_by_trim(c):
+                snap.append(None)
+            else:
+                snap.append((_snapshot(c.state), getattr(c, "meta_state", None)))
+        return snap
+
+    def rewind(self, cache: list, snap, fed: mx.array, keep: int) -> None:
+        """After a verify forward of `fed` rows, leave the cache holding only the first `keep`:
+        trim where caches trim; otherwise restore the pre-round state and feed the kept rows
+        again, so recurrent state equals that of plain decoding of the same tokens."""
+        drop = fed.shape[0] - keep
+        if drop <= 0:
+            return
+        if snap is None:
+            self.trim(cache, drop)
+            return
+        for c, saved in zip(cache, snap):
+            if saved is None:
+                c.trim(fed.shape[0])
+            else:
+                c.state = saved[0]
+                if saved[1]:
+                    c.meta_state = saved[1]
+        if keep:
+            self.forward(fed[:keep], cache, last_only=True)
+
     @staticmethod
     def trim(cache: list, n: int) -> None:
         """Drop the newest `n` positions from every layer's cache."""
@@ -147,7 +204,7 @@ class Target:
 
     # --- pieces a drafter may bind -----------------------------------------------------------
     def embed(self, ids: mx.array) -> mx.array:
-        return self._inner.embed_tokens(ids)
+        return self._embed(ids)
 
     def head_logits(self, hidden: mx.array) -> mx.array:
         """The target's vocabulary projection on already-normed hidden states, without the
@@ -218,7 +275,7 @@ class Target:
         out = self.forward(probe_ids, self.make_cache(), taps=tuple(sorted(set(taps) | {last})))
         if any(t.shape != (probe_ids.shape[0], self.hidden_size) for t in out.taps.values()):
             raise LoadError(f"the hidden-state tap of model_type {self.model_type!r} does not return one residual row per token; this family needs dedicated support in dspark-lab.")
-        from_tap = self._logits(self._inner.norm(out.taps[last][None]))[0].astype(mx.float32)
+        from_tap = self._logits(self._norm(out.taps[last][None]))[0].astype(mx.float32)
         scale = mx.maximum(mx.abs(ref).max(), 1.0)
         errs = mx.stack([mx.abs(out.logits.astype(mx.float32) - ref).max(), mx.abs(from_tap - ref).max()]) / scale
         err_forward, err_tap = errs.tolist()
