@@ -98,11 +98,16 @@ def generate(
     if mode in (Mode.dspark, Mode.dflash) and drafter is None:
         raise DsparkError(f"--mode {mode.value} needs --drafter DIR (a head for this model); or use --mode auto or lookup.")
     if mode is Mode.auto and drafter is None:
+        from .lab.device import collect_device_stamp, machine_class
+
         try:
-            target, tokenizer, head, pair = load_pair(model, None, drafter_bits=drafter_bits, drafter_window=drafter_window, max_draft_tokens=max_draft, **load_opts)
+            target, tokenizer, head, pair = load_pair(model, None, drafter_bits=drafter_bits, drafter_window=drafter_window,
+                                                      max_draft_tokens=max_draft, machine=machine_class(collect_device_stamp()), **load_opts)
             ev = pair.evidence
-            err.print(f"[dim]auto: drafter {pair.drafter} at cap {pair.max_draft_tokens}, measured {ev.get('speedup')}x over {ev.get('trials')} trials on {ev.get('device')}[/]")
-            mode, max_draft = Mode.dspark, pair.max_draft_tokens
+            err.print(f"[dim]auto: {pair.mode} drafter {pair.drafter} at cap {ev.get('cap')}, measured {ev.get('speedup')}x "
+                      f"over {ev.get('trials')} trials on {ev.get('machine') or ev.get('device')} (runs {ev.get('run_ids')})[/]")
+            mode, max_draft = Mode(pair.mode), pair.max_draft_tokens
+            auto_cap = auto_cap or ev.get("cap") == "auto"
         except DsparkError as e:
             err.print(f"[dim]auto: {e} Using lookup decoding.[/]")
             mode = Mode.lookup
@@ -333,6 +338,114 @@ def export(
 
 @app.command()
 @friendly_errors
+def benchmark(
+    model: ModelOpt,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head; without one, lookup decoding is measured.")] = None,
+    caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
+    trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
+    prompts: Annotated[str, typer.Option(help="Prompt sets (as for sweep).")] = "code,math,chat",
+    prompt_limit: Annotated[Optional[int], typer.Option(help="Use only the first N prompts of each set.")] = 8,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 200,
+    db: Annotated[Path, typer.Option(help="Results database (DuckDB).")] = Path("results.duckdb"),
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Export the run as a result JSON file to submit.")] = None,
+    drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
+    dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
+):
+    """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
+    speedup (with its 95% CI) and acceptance per domain."""
+    from .db import open_db
+    from .db.queries import summary
+    from .lab.results import export_run
+    from .lab.sweep import SweepConfig, run_sweep
+
+    modes = ["baseline", "dspark", "dflash"] if drafter else ["baseline", "lookup"]
+    cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
+                      trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype)
+    rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith("stored") else err.print(f"[dim]{m}[/]", highlight=False))
+    engine = open_db(db)
+    try:
+        table = Table("mode", "cap", "domain", "tok/s", "baseline tok/s", "speedup (95% CI)", "mean accept", "lossless", title=f"run {rid} on {db}")
+        for r in summary(engine, run_ids=[rid]).iter_rows(named=True):
+            if r["mode"] == "baseline":
+                continue
+            lossless = f"{r['lossless_trials']}/{r['trials']}" + (" [red]NOT LOSSLESS[/]" if r["not_lossless_trials"] else "")
+            num = lambda x, spec=".2f": "-" if x is None else format(x, spec)  # noqa: E731 - no baseline match gives None
+            table.add_row(r["mode"], str(r["cap"]), r["domain"], num(r["median_tok_s"], ".1f"), num(r["baseline_median_tok_s"], ".1f"),
+                          f"{num(r['speedup'])}x ({num(r['ci_lo'])}-{num(r['ci_hi'])})", num(r["mean_accept_len"]), lossless)
+        out.print(table)
+        if json_out is not None:
+            out.print(f"result JSON: {export_run(engine, rid, json_out)}")
+    finally:
+        engine.dispose()
+
+
+@app.command()
+@friendly_errors
+def report(
+    out_html: Annotated[Path, typer.Option("--out", help="HTML file to write (self-contained, works offline).")],
+    db: Annotated[Path, typer.Option(help="Results database.")] = Path("results.duckdb"),
+    run: Annotated[Optional[list[str]], typer.Option("--run", help="Only these run ids (repeatable).")] = None,
+    pair: Annotated[Optional[str], typer.Option(help="Only MODEL[:DRAFTER] (id or last path part) and its baseline.")] = None,
+    png: Annotated[Optional[Path], typer.Option("--png", help="Also save each chart as DIR/<chart>.png.")] = None,
+):
+    """Write an HTML report (charts, per-pair summary, lossless check) of a results database."""
+    from .db import open_db
+    from .reports.report import build_report
+
+    if not db.exists():
+        raise DsparkError(f"no database at {str(db)!r}; run a sweep first or pass --db.")
+    engine = open_db(db)
+    try:
+        out.print(f"wrote {build_report(engine, out_html, run_ids=run or None, pair=pair, png_dir=png)}")
+    finally:
+        engine.dispose()
+
+
+registry_app = typer.Typer(help="The registry of measured pairs: build it from stored trials, show it.", no_args_is_help=True)
+app.add_typer(registry_app, name="registry")
+
+
+@registry_app.command("build")
+@friendly_errors
+def registry_build(
+    out_file: Annotated[Path, typer.Option("--out", help="Registry JSON to write.")],
+    db: Annotated[Path, typer.Option(help="Results database.")] = Path("results.duckdb"),
+    min_trials: Annotated[int, typer.Option(help="Fewest trials an arm needs to be vouched for.")] = 6,
+):
+    """Per target and machine class, the best measured arm; arms with too few or non-lossless trials are refused."""
+    from .db import open_db
+    from .reports.registry import build_registry, registry_table, write_registry
+
+    if not db.exists():
+        raise DsparkError(f"no database at {str(db)!r}; run a sweep first or pass --db.")
+    engine = open_db(db)
+    try:
+        reg = build_registry(engine, min_trials)
+    finally:
+        engine.dispose()
+    write_registry(reg, out_file)
+    out.print(registry_table(reg))
+    out.print(f"wrote {out_file}")
+
+
+@registry_app.command("show")
+@friendly_errors
+def registry_show(
+    file: Annotated[Path, typer.Argument(help="A registry JSON file.")],
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the README-style Markdown table.")] = False,
+):
+    """Print a registry as a table (or Markdown)."""
+    from .reports.registry import load_registry, registry_markdown, registry_table
+
+    reg = load_registry(file)
+    if markdown:
+        out.print(registry_markdown(reg), markup=False, highlight=False)
+    else:
+        out.print(registry_table(reg))
+
+
+@app.command()
+@friendly_errors
 def doctor():
     """Print this machine's device stamp and check the environment (backend, versions, memory, cache)."""
     import json as _json
@@ -428,6 +541,15 @@ def demo(
                       prompt_sets=["code", "math", "chat"], trials=1, max_new_tokens=24, prompt_limit=2)
     run_id = run_sweep(cfg, db, progress=True)
     out.print(f"sweep run {run_id}: results database {db}")
+    from .db import open_db
+    from .reports.report import build_report
+
+    engine = open_db(db)
+    try:
+        html = build_report(engine, work / "report.html")
+    finally:
+        engine.dispose()
+    out.print(f"report: {html}")
     out.print(f"next: dspark-lab export --db {db} --list")
     if not all_same:
         err.print("[bold red]speculative output differed from plain decoding[/]")

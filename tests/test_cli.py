@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from dspark_lab.cli import app
 
 runner = CliRunner()
-VERBS = ["generate", "demo", "import-gguf", "fetch-model", "calibrate", "doctor"]
+VERBS = ["generate", "demo", "import-gguf", "fetch-model", "calibrate", "doctor", "sweep", "benchmark", "ingest", "export", "report", "registry"]
 
 
 def test_help_lists_every_verb():
@@ -127,3 +127,23 @@ def test_generate_with_auto_cap(tiny_dirs, tmp_path, mode):
 def test_generate_bad_max_draft(tiny_dirs):
     r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "--mode", "lookup", "-p", "x", "--max-draft", "lots"])
     assert r.exit_code == 2 and "must be a number or 'auto'" in r.output
+
+
+def test_benchmark_report_and_registry_verbs(tiny_dirs, tmp_path):
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=384, repeat_bias=20.0, block_size=3)
+    db = tmp_path / "b.duckdb"
+    r = runner.invoke(app, ["benchmark", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--caps", "2", "--trials", "1",
+                            "--prompts", "code", "--prompt-limit", "2", "-n", "8", "--db", str(db), "--json", str(tmp_path / "res.json")])
+    assert r.exit_code == 0, r.output
+    assert "speedup" in r.output and "dspark" in r.output and "2/2" in r.output and (tmp_path / "res.json").exists()
+    r = runner.invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "r.html").read_text().count("vega") > 3
+    r = runner.invoke(app, ["registry", "build", "--db", str(db), "--out", str(tmp_path / "reg.json"), "--min-trials", "1"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["registry", "show", str(tmp_path / "reg.json"), "--markdown"])
+    assert r.exit_code == 0 and "|" in r.output
+    r = runner.invoke(app, ["report", "--db", str(tmp_path / "none.duckdb"), "--out", str(tmp_path / "x.html")])
+    assert r.exit_code == 2 and "no database" in r.output

@@ -132,36 +132,60 @@ def load_pair(
     kv_bits: int | None = None,
     dtype: str | None = None,
     registry: str | os.PathLike | None = None,
+    machine: str | None = None,
 ):
-    """Load a target and its DSpark head -> (target, tokenizer, drafter, PairConfig).
+    """Load a target and its drafter head -> (target, tokenizer, drafter, PairConfig).
 
-    With no drafter, the registry of measured pairs picks one; a target with no entry is an
-    error that says to pass `drafter=` or use lookup."""
-    source, evidence = "user", {}
+    With no drafter, the registry of measured pairs picks one: the entry for this model (any
+    quantization) measured on `machine` if given, else on the same backend, else anywhere; the
+    PairConfig's `evidence` says which measurement the choice rests on. A model with no entry
+    is an error that says to pass `drafter=` or use lookup."""
+    source, evidence, mode = "user", {}, "dspark"
     if drafter is None:
-        entry = _registry_entry(str(model), registry)
+        entry = _registry_entry(str(model), registry, machine)
         if entry is None:
             raise LoadError(
                 f"no measured drafter for {str(model)!r} in the registry. Pass drafter= (--drafter DIR) "
                 "with a DSpark head for this model, or use lookup decoding (--mode lookup), which needs none."
             )
-        drafter, source = entry["drafter"], "registry"
-        max_draft_tokens = max_draft_tokens or entry.get("cap")
-        evidence = {k: entry.get(k) for k in ("speedup", "mean_accept_len", "trials", "device", "run_ids", "date")}
+        if not entry.get("drafter"):
+            raise LoadError(
+                f"the registry's best measured mode for {str(model)!r} is {entry.get('mode')!r}, which needs no drafter "
+                f"({entry.get('speedup')}x on {entry.get('machine') or entry.get('device')}): use --mode lookup, or pass drafter=."
+            )
+        drafter, source, mode = entry["drafter"], "registry", entry.get("mode", "dspark")
+        cap = entry.get("cap")
+        if max_draft_tokens is None and isinstance(cap, int):
+            max_draft_tokens = cap
+        evidence = {k: entry.get(k) for k in ("speedup", "ci", "mean_accept_len", "trials", "machine", "device", "run_ids", "date", "cap")}
     target, tokenizer = load_target(model, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
-    from .drafters.load import load_dspark
+    from .drafters.load import load_dflash, load_dspark
 
-    head = load_dspark(drafter, target, bits=drafter_bits, window=drafter_window)
+    loader = load_dflash if mode == "dflash" else load_dspark
+    head = loader(drafter, target, bits=drafter_bits, window=drafter_window)
     cap = max_draft_tokens or min(2, head.config.max_drafts)
-    return target, tokenizer, head, PairConfig(str(model), str(drafter), "dspark", cap, source, evidence)
+    return target, tokenizer, head, PairConfig(str(model), str(drafter), mode, cap, source, evidence)
 
 
-def _registry_entry(model: str, registry) -> dict | None:
-    key = model.rstrip("/").split("/")[-1].lower()
-    for entry in read_registry(registry):
-        if entry.get("target", "").rstrip("/").split("/")[-1].lower() == key:
-            return entry
-    return None
+def _backend() -> str:
+    if mx.default_device().type != mx.gpu:
+        return "cpu"
+    return "metal" if mx.metal.is_available() else "cuda"
+
+
+def _registry_entry(model: str, registry, machine: str | None) -> dict | None:
+    """The registry entry for this model (quant-agnostic), best matching this machine."""
+    from .names import target_key
+
+    key = target_key(model)
+    entries = [e for e in read_registry(registry) if target_key(str(e.get("target", ""))) == key]
+    if not entries:
+        return None
+
+    def rank(e):
+        return (machine is not None and e.get("machine") == machine, e.get("backend") == _backend(), e.get("speedup") or 0.0)
+
+    return max(entries, key=rank)
 
 
 def dflash_generate(target: Target, tokenizer, drafter, prompt, *, max_draft_tokens: int | None = None, lookup_drafts: bool = False, **kwargs) -> GenResult:

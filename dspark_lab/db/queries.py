@@ -1,0 +1,235 @@
+"""Summary queries over a results database, in one place: the trials as a polars frame, and
+one summary row per arm (speedup over the same model's baseline on the same prompts, with a
+bootstrap CI over prompts). Reports and the registry both read through here, so a number means
+the same thing wherever it is shown.
+
+Rows are read through SQLAlchemy (no pyarrow needed) into frames with an explicit schema, so an
+empty database or an all-null column still has the right types.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable
+from datetime import datetime
+
+import numpy as np
+import polars as pl
+from sqlalchemy import Engine, select
+
+from ..errors import DsparkError
+from ..schemas.records import CalibrationRecord, Run, Trial
+
+# JSON text columns of `trials` parsed into lists (the rest, e.g. output_ids, stay text: only
+# a mismatch hunt needs them).
+_LIST_COLUMNS = {
+    "accept_lengths": pl.List(pl.Int64),
+    "draft_lengths": pl.List(pl.Int64),
+    "per_position_acceptance": pl.List(pl.Float64),
+    "caps_chosen": pl.List(pl.Int64),
+}
+# Run columns carried onto every trial: where (and by what) each number was measured.
+_RUN_COLUMNS = ("machine", "device_key", "dspark_lab_version")
+
+# A trial's prompt identity for pairing an arm with its baseline: the same prompt text (set,
+# version, id), the same length budget and temperature, on the same device.
+PROMPT_KEY = ["device_key", "prompt_set", "prompt_set_version", "prompt_id", "max_new_tokens", "temperature"]
+ARM_KEY = ["machine", "model_id", "drafter_id", "mode", "cap", "domain"]
+
+
+def _polars_type(column) -> pl.DataType:
+    try:
+        py = column.type.python_type
+    except NotImplementedError:
+        py = str
+    if py is bool:
+        return pl.Boolean
+    if py is int:
+        return pl.Int64
+    if py is float:
+        return pl.Float64
+    return pl.String  # strings, and datetimes as ISO text (DuckDB hands some back tz-aware, some naive)
+
+
+def _frame(engine: Engine, table, where=None, columns: Iterable[str] | None = None) -> pl.DataFrame:
+    cols = [c for c in table.columns if columns is None or c.name in columns]
+    schema = {c.name: _polars_type(c) for c in cols}
+    query = select(*cols)
+    if where is not None:
+        query = query.where(where)
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    rows = [tuple(v.isoformat() if isinstance(v, datetime) else v for v in row) for row in rows]
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _check_run_ids(engine: Engine, run_ids: list[str] | None) -> None:
+    if run_ids is None:
+        return
+    known = set(runs_frame(engine)["id"].to_list())
+    missing = [r for r in run_ids if r not in known]
+    if missing:
+        have = ", ".join(sorted(known)) or "none"
+        raise DsparkError(f"no run {', '.join(map(repr, missing))} in this database (runs here: {have}). "
+                          "Check the id (`--run`), or the --db file.")
+
+
+def runs_frame(engine: Engine, run_ids: list[str] | None = None) -> pl.DataFrame:
+    """The runs table (device_stamp and config left as JSON text)."""
+    table = Run.__table__
+    where = table.c.id.in_(run_ids) if run_ids is not None else None
+    return _frame(engine, table, where)
+
+
+def trials_frame(engine: Engine, run_ids: list[str] | None = None) -> pl.DataFrame:
+    """Every trial (of `run_ids`, or all), JSON list columns parsed, with its run's machine,
+    device_key and dspark_lab_version beside it. Raises DsparkError for an unknown run id."""
+    _check_run_ids(engine, run_ids)
+    table = Trial.__table__
+    where = table.c.run_id.in_(run_ids) if run_ids is not None else None
+    trials = _frame(engine, table, where)
+    for name, dtype in _LIST_COLUMNS.items():
+        try:
+            trials = trials.with_columns(pl.col(name).str.json_decode(dtype))
+        except pl.exceptions.PolarsError:
+            raise DsparkError(_bad_json(trials, name)) from None
+    runs = runs_frame(engine, run_ids).select(pl.col("id").alias("run_id"), *_RUN_COLUMNS)
+    return trials.join(runs, on="run_id", how="left")
+
+
+def _bad_json(trials: pl.DataFrame, column: str) -> str:
+    """Name the first trial whose `column` is not a JSON list of numbers."""
+    for trial_id, text in trials.select("id", column).iter_rows():
+        try:
+            value = json.loads(text) if text is not None else []
+            if isinstance(value, list) and all(isinstance(v, (int, float)) for v in value):
+                continue
+        except json.JSONDecodeError:
+            pass
+        return (f"trial {trial_id!r} has a malformed {column} ({str(text)[:60]!r}); the database was edited or "
+                "ingested from a damaged file. Delete that run (or re-ingest it) and report again.")
+    return f"the trials table's {column} column could not be read as JSON lists of numbers."
+
+
+def calibration_frame(engine: Engine) -> pl.DataFrame:
+    """The calibration table (curves, options and device stamp left as JSON text)."""
+    return _frame(engine, CalibrationRecord.__table__)
+
+
+def cap_order(cap: str) -> tuple[int, int]:
+    """Sort key for caps: "0" (baseline), 1, 2, ... numerically, then "auto"."""
+    return (0, int(cap)) if str(cap).isdigit() else (1, 0)
+
+
+def _bootstrap_ci(ratios: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, float]:
+    """95% percentile interval of the median ratio, resampling prompts with replacement."""
+    if len(ratios) == 1 or n_boot <= 0:
+        r = float(np.median(ratios))
+        return r, r
+    idx = rng.integers(0, len(ratios), size=(n_boot, len(ratios)))
+    medians = np.median(ratios[idx], axis=1)
+    lo, hi = np.percentile(medians, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _group_seed(seed: int, key: tuple) -> list[int]:
+    # Each row gets its own stream, so a row's CI does not change when other runs or arms are
+    # added to (or filtered out of) the same summary.
+    return [seed, zlib.crc32(json.dumps([str(k) for k in key]).encode())]
+
+
+def _mean_profile(profiles: list[list[float] | None]) -> list[float]:
+    """Per-position acceptance averaged over trials; position i over the trials that drafted that deep."""
+    depth = max((len(p) for p in profiles if p), default=0)
+    out = []
+    for i in range(depth):
+        vals = [p[i] for p in profiles if p and len(p) > i]
+        out.append(float(np.mean(vals)))
+    return out
+
+
+SUMMARY_SCHEMA = {
+    "machine": pl.String, "model_id": pl.String, "drafter_id": pl.String, "mode": pl.String, "cap": pl.String,
+    "domain": pl.String, "trials": pl.Int64, "prompts": pl.Int64, "matched_prompts": pl.Int64,
+    "median_tok_s": pl.Float64, "baseline_median_tok_s": pl.Float64, "speedup": pl.Float64,
+    "ci_lo": pl.Float64, "ci_hi": pl.Float64, "mean_accept_len": pl.Float64,
+    "per_position_acceptance": pl.List(pl.Float64), "lossless_trials": pl.Int64, "not_lossless_trials": pl.Int64,
+    "unchecked_trials": pl.Int64, "run_ids": pl.List(pl.String), "device_keys": pl.List(pl.String),
+}
+
+
+def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000, seed: int = 0, *,
+            by_domain: bool = True, trials: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per arm: (machine, model_id, drafter_id, mode, cap, domain), baselines included.
+
+    - trials, prompts: how many generations and distinct prompts the arm has;
+    - median_tok_s: median decode tok/s over the arm's trials; baseline_median_tok_s: median of
+      the same model's baseline trials on the prompts the arm shares with it (matched_prompts);
+    - speedup: median over those prompts of (arm tok/s / baseline tok/s), each side averaged
+      over its trials of that prompt; ci_lo/ci_hi: bootstrap 95% interval resampling prompts
+      (`n_boot` resamples, deterministic in `seed`); null when the arm has no baseline;
+    - mean_accept_len: mean of the trials' mean accept length; per_position_acceptance: d0..dk
+      averaged over the trials that drafted that deep;
+    - lossless_trials / not_lossless_trials / unchecked_trials: every trial counted, none dropped;
+    - run_ids, device_keys: where the numbers come from.
+
+    Machine is part of the key: a speedup pooled over two machines would describe neither.
+    With by_domain=False, domain is "all" and prompts of every domain are pooled.
+    `trials` reuses a frame already read with trials_frame (it is then filtered by run_ids).
+    """
+    df = trials if trials is not None else trials_frame(engine, run_ids)
+    if trials is not None and run_ids is not None:
+        df = df.filter(pl.col("run_id").is_in(run_ids))
+    if not by_domain:
+        df = df.with_columns(domain=pl.lit("all"))
+    if df.is_empty():
+        return pl.DataFrame(schema=SUMMARY_SCHEMA)
+
+    # Mean tok/s per (model, prompt) for the baselines, per (arm, prompt) for everyone.
+    per_prompt = df.group_by(ARM_KEY + PROMPT_KEY).agg(pl.col("decode_tokens_per_sec").mean().alias("tok_s"))
+    base = (per_prompt.filter(pl.col("mode") == "baseline")
+            .select("machine", "model_id", "domain", *PROMPT_KEY, pl.col("tok_s").alias("base_tok_s")))
+    paired = per_prompt.join(base, on=["machine", "model_id", "domain", *PROMPT_KEY], how="left")
+    base_trials = df.filter(pl.col("mode") == "baseline")
+
+    rows = []
+    for key, g in df.group_by(ARM_KEY, maintain_order=True):
+        arm = dict(zip(ARM_KEY, key))
+        pp = paired.filter(*[pl.col(k).eq_missing(v) for k, v in arm.items()])
+        matched = pp.filter(pl.col("base_tok_s").is_not_null() & (pl.col("base_tok_s") > 0))
+        # Baseline median over the baseline trials of exactly the prompts this arm shares with it.
+        shared = base_trials.join(matched.select(PROMPT_KEY).unique(), on=PROMPT_KEY, how="semi").filter(
+            (pl.col("machine") == arm["machine"]) & (pl.col("model_id") == arm["model_id"]) & (pl.col("domain") == arm["domain"]))
+        speedup = ci_lo = ci_hi = None
+        if arm["mode"] == "baseline":
+            speedup = ci_lo = ci_hi = 1.0
+        elif matched.height:
+            # Sorted so the bootstrap sees prompts in a fixed order whatever order the DB returned.
+            matched = matched.sort(PROMPT_KEY)
+            ratios = (matched["tok_s"] / matched["base_tok_s"]).to_numpy()
+            speedup = float(np.median(ratios))
+            ci_lo, ci_hi = _bootstrap_ci(ratios, n_boot, np.random.default_rng(_group_seed(seed, key)))
+        lossless = g["lossless"]
+        rows.append({
+            **arm,
+            "trials": g.height,
+            "prompts": g.select(PROMPT_KEY).unique().height,
+            "matched_prompts": matched.height if arm["mode"] != "baseline" else g.select(PROMPT_KEY).unique().height,
+            "median_tok_s": float(g["decode_tokens_per_sec"].median()),
+            "baseline_median_tok_s": (float(g["decode_tokens_per_sec"].median()) if arm["mode"] == "baseline"
+                                      else float(shared["decode_tokens_per_sec"].median()) if shared.height else None),
+            "speedup": speedup, "ci_lo": ci_lo, "ci_hi": ci_hi,
+            "mean_accept_len": float(g["mean_accept_len"].mean()),
+            "per_position_acceptance": _mean_profile(g["per_position_acceptance"].to_list()),
+            "lossless_trials": int((lossless == True).sum()),  # noqa: E712 - polars comparison
+            "not_lossless_trials": int((lossless == False).sum()),  # noqa: E712
+            "unchecked_trials": int(lossless.is_null().sum()) if arm["mode"] != "baseline" else 0,
+            "run_ids": sorted(set(g["run_id"].to_list())),
+            "device_keys": sorted({k for k in g["device_key"].to_list() if k is not None}),
+        })
+    out = pl.DataFrame(rows, schema=SUMMARY_SCHEMA)
+    order = sorted(range(out.height), key=lambda i: (
+        out["machine"][i] or "", out["model_id"][i], out["domain"][i], out["mode"][i] != "baseline",
+        out["mode"][i], out["drafter_id"][i] or "", cap_order(out["cap"][i])))
+    return out[order]

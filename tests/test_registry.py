@@ -1,0 +1,150 @@
+"""The registry of measured pairs: what it vouches for, what it refuses and why, and that the
+engine's reader (read_registry / load_pair) takes the file it writes."""
+
+import io
+import json
+
+import pytest
+from labdb import CUDA, HEAD_A, METAL, MODEL_A, MODEL_A_CUDA, PROMPTS, sweep_db, synthetic_db, trial
+from rich.console import Console
+from sqlalchemy import text
+from sqlmodel import Session
+
+from dspark_lab.db.store import open_db
+from dspark_lab.engine.speculative import load_pair, read_registry
+from dspark_lab.errors import DsparkError
+from dspark_lab.engine.names import target_key
+from dspark_lab.reports.registry import (MIN_TRIALS, build_registry, load_registry, registry_markdown, registry_table,
+                                         write_registry)
+from dspark_lab.schemas.records import Run
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    return build_registry(synthetic_db(tmp_path_factory.mktemp("registry")))
+
+
+def test_best_arm_per_target_and_machine(registry):
+    assert registry["schema_version"] == 1 and registry["min_trials"] == MIN_TRIALS == 6
+    pairs = {(p["target"], p["machine"]): p for p in registry["pairs"]}
+    assert set(pairs) == {("qwen3-8b", METAL), ("qwen3-8b", CUDA)}  # both quantizations are one target
+    metal = pairs[("qwen3-8b", METAL)]
+    # lookup cap 4 is faster (3x) but has a trial that is not lossless; dspark auto is 1.8x.
+    assert (metal["mode"], metal["drafter"], metal["cap"]) == ("dspark", HEAD_A, 2)
+    assert metal["speedup"] == 2.0 and metal["trials"] == 6 and metal["prompts"] == 3
+    assert metal["ci"][0] <= 2.0 <= metal["ci"][1] and metal["mean_accept_len"] == 2.25
+    assert metal["model_id"] == MODEL_A and metal["device"] == METAL and metal["device_keys"] == ["dk-metal"]
+    assert metal["run_ids"] == ["run-metal"] and metal["date"] == "2026-11-20"
+    assert metal["versions"] == {"dspark_lab": "0.1.0", "mlx": "0.32.4", "mlx_lm": "0.32.2"}
+    cuda = pairs[("qwen3-8b", CUDA)]
+    assert (cuda["model_id"], cuda["cap"], cuda["speedup"]) == (MODEL_A_CUDA, 4, 3.0)
+    json.dumps(registry)  # JSON-ready as it is
+
+
+def test_refusals_say_why(registry):
+    refused = {(r["target"], r["mode"], r["cap"]): r["reason"] for r in registry["refused"]}
+    assert "not lossless" in refused[("qwen3-8b", "lookup", 4)]
+    assert "only 3 trials; at least 6" in refused[("llama-3.2-1b-instruct", "lookup", 2)]
+    assert not any(p["target"] == "llama-3.2-1b-instruct" for p in registry["pairs"])
+
+
+def test_min_trials_is_configurable(tmp_path):
+    engine = synthetic_db(tmp_path)
+    loose = build_registry(engine, min_trials=1)
+    assert any(p["target"] == "llama-3.2-1b-instruct" and p["speedup"] == 1.5 for p in loose["pairs"])
+    with pytest.raises(DsparkError, match="at least 1"):
+        build_registry(engine, min_trials=0)
+
+
+def test_a_slower_best_arm_is_refused(tmp_path):
+    engine = open_db(tmp_path / "slow.duckdb")
+    with Session(engine) as s:
+        s.add(Run(id="r", status="finished", dspark_lab_version="0.1.0", device_key="k", machine=METAL, device_stamp="{}",
+                  config="{}"))
+        for p in PROMPTS:
+            for i in range(2):
+                s.add(trial("r", "slow-model", "baseline", "0", p, i, 100.0))
+                s.add(trial("r", "slow-model", "lookup", "2", p, i, 90.0))
+        s.commit()
+    reg = build_registry(engine)
+    assert reg["pairs"] == []
+    assert "not faster than plain decoding (x0.900)" in reg["refused"][0]["reason"]
+
+
+def test_table_and_markdown(registry):
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(registry_table(registry))
+    out = console.export_text()
+    assert "qwen3-8b" in out and "2.00x" in out and "3.00x" in out and "2 arm(s) refused" in out
+    md = registry_markdown(registry)
+    lines = md.splitlines()
+    assert lines[0].startswith("| target | machine | mode | drafter | cap | speedup")
+    assert any(line.startswith("| qwen3-8b | Apple M3 Max 64GB (metal) | dspark | qwen3-8b-dspark | 2 | 2.00x") for line in lines)
+    assert "Refused (2):" in md
+    assert "no pair measured yet" in str(registry_table({"pairs": [], "refused": []}).caption)
+
+
+def test_written_file_reads_back_and_is_checked(registry, tmp_path):
+    path = write_registry(registry, tmp_path / "registry.json")
+    assert load_registry(path) == registry
+    pairs = read_registry(path)  # the engine's reader
+    for key in ("target", "drafter", "cap", "speedup", "trials", "device", "run_ids", "date"):
+        assert all(key in p for p in pairs)
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(DsparkError, match="not valid JSON"):
+        load_registry(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text("[1, 2]")
+    with pytest.raises(DsparkError, match="no \"pairs\" list"):
+        load_registry(tmp_path / "other.json")
+    with pytest.raises(DsparkError, match="not found"):
+        load_registry(tmp_path / "missing.json")
+
+
+def test_target_key_is_quant_agnostic():
+    assert target_key("mlx-community/Qwen3-8B-4bit") == "qwen3-8b"
+    assert target_key("/models/Qwen3-8B-MLX-bf16/") == "qwen3-8b"
+    assert target_key("SmolLM2-135M-Instruct-q4") == "smollm2-135m-instruct"
+    assert target_key("gemma-3-4b-it") == "gemma-3-4b-it"  # "-it" is the instruct tune, not a quantization
+
+
+def test_load_pair_picks_the_registry_drafter(tmp_path):
+    """A registry built from stored trials of a real tiny model and head drives load_pair."""
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tinytarget", "qwen3")
+    head = build_tiny_dspark(tmp_path / "tinyhead", model, block_size=4)
+    engine = open_db(tmp_path / "db.duckdb")
+    with Session(engine) as s:
+        s.add(Run(id="r1", status="finished", dspark_lab_version="0.1.0", device_key="k", machine=METAL,
+                  device_stamp=json.dumps({"mlx_version": "0.32.4"}), config="{}"))
+        for p in PROMPTS:
+            for i in range(2):
+                s.add(trial("r1", str(model), "baseline", "0", p, i, 100.0))
+                s.add(trial("r1", str(model), "dspark", "3", p, i, 180.0, drafter=str(head)))
+        s.commit()
+    reg = build_registry(engine)
+    assert [(p["target"], p["cap"], p["speedup"]) for p in reg["pairs"]] == [("tinytarget", 3, 1.8)]
+    path = write_registry(reg, tmp_path / "registry.json")
+    _, _, drafter, cfg = load_pair(str(model), registry=path)
+    assert cfg.source == "registry" and cfg.drafter == str(head) and cfg.max_draft_tokens == 3
+    assert cfg.evidence["speedup"] == 1.8 and cfg.evidence["trials"] == 6 and cfg.evidence["run_ids"] == ["r1"]
+    assert drafter.config.max_drafts >= 3
+
+
+def test_real_sweep_too_few_trials_and_a_flipped_lossless_flag(tmp_path):
+    engine = sweep_db(tmp_path)
+    reg = build_registry(engine)  # 4 trials per arm (2 prompts x 2 sets x 1 trial) < 6
+    assert reg["pairs"] == []
+    assert len(reg["refused"]) == 4 and all("only 4 trials; at least 6" in r["reason"] for r in reg["refused"])
+
+    with engine.begin() as conn:
+        tid = conn.execute(text("select id from trials where mode = 'dspark' and cap = '2' order by id limit 1")).scalar()
+        conn.execute(text("update trials set lossless = false, mismatch_index = 5 where id = :id"), {"id": tid})
+    loose = build_registry(engine, min_trials=1)
+    refused = {(r["mode"], r["cap"]): r["reason"] for r in loose["refused"]}
+    assert "1 of 4 trials not lossless" in refused[("dspark", 2)]
+    vouched = [(p["mode"], p["cap"]) for p in loose["pairs"]]
+    assert ("dspark", 2) not in vouched
+    # Every other arm is either vouched for (the fastest, if faster than plain) or refused with a reason.
+    for p in loose["pairs"]:
+        assert p["speedup"] > 1.0 and p["trials"] == 4 and p["target"] == "model"

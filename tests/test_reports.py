@@ -1,0 +1,183 @@
+"""The HTML report and its PNG charts: self-contained, escaped, and showing the database's numbers."""
+
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import duckdb
+import pytest
+from labdb import EVIL, MODEL_A, sweep_db, synthetic_db
+
+from dspark_lab.errors import DsparkError
+from dspark_lab.reports import build_report
+from dspark_lab.reports.report import CHARTS
+
+ROOT = Path(__file__).resolve().parent.parent
+TITLES = ["Speedup vs draft cap", "Decode throughput", "Accept length per round", "Per-position acceptance",
+          "Calibration: verify cost by width", "Predicted vs measured round time", "Noise: decode tok/s"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    # The vega bundle is cached under DSPARK_LAB_CACHE: keep the tests' copy out of ~/.cache.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DSPARK_LAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def evil_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    engine = synthetic_db(root, evil=True)
+    html = build_report(engine, root / "report.html", png_dir=root / "png")
+    return html.read_text(encoding="utf-8"), root / "png"
+
+
+class _Rows(HTMLParser):
+    """Summary rows of a report: data-arm -> {data-col: cell text}."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self._arm, self._col = {}, None, None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "tr" and "data-arm" in a:
+            self._arm = a["data-arm"]
+            self.rows[self._arm] = {}
+        elif tag == "td" and self._arm is not None:
+            self._col = a.get("data-col")
+            self.rows[self._arm][self._col] = ""
+
+    def handle_endtag(self, tag):
+        if tag == "tr":
+            self._arm = None
+        elif tag == "td":
+            self._col = None
+
+    def handle_data(self, data):
+        if self._arm is not None and self._col is not None:
+            self.rows[self._arm][self._col] += data
+
+
+def summary_rows(html: str) -> dict:
+    p = _Rows()
+    p.feed(html)
+    return p.rows
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_is_self_contained_with_every_chart(evil_report):
+    html, _ = evil_report
+    assert len(re.findall(r'"\$schema": ?"https://vega.github.io/schema/vega-lite/v\d', html)) == len(CHARTS)
+    for title in TITLES:
+        assert title in html, title
+    assert "window.vegaEmbed=" in html  # the libraries are inlined ...
+    assert not re.search(r"<script[^>]*\bsrc=", html)  # ... and nothing is fetched
+    assert "cdn.jsdelivr" not in html and re.search(r'"editor": ?false', html)
+
+
+def test_model_text_is_escaped(evil_report):
+    html, _ = evil_report
+    assert EVIL not in html and "<script>alert" not in html
+    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 2  # the model id and the prompt id, as text
+    assert "\\u003cscript\\u003ealert(1)\\u003c/script\\u003e" in html  # and inside the chart data
+
+
+def test_not_lossless_trials_are_flagged_and_kept(evil_report):
+    html, _ = evil_report
+    assert "2 trial(s) NOT lossless" in html and "2 of 27</span> checked speculative trials" in html
+    assert html.count('<tr class="bad"><td><span class="flag">NOT LOSSLESS</span>') == 2
+    rows = summary_rows(html)
+    lookup = rows[f"Apple M3 Max 64GB (metal)|{MODEL_A}|-|lookup|4|all"]
+    assert lookup["lossless"] == "5 / 1 / 0" and lookup["flag"] == "NOT LOSSLESS" and lookup["trials"] == "6"
+
+
+def test_summary_table_numbers_and_provenance(evil_report):
+    rows = summary_rows(evil_report[0])
+    r = rows[f"Apple M3 Max 64GB (metal)|{MODEL_A}|heads/qwen3-8b-dspark|dspark|2|all"]
+    assert (r["speedup"], r["median_tok_s"], r["baseline_median_tok_s"], r["trials"]) == ("2.000", "200.00", "80.00", "6")
+    assert r["device"] == "Apple M3 Max 64GB (metal) (dk-metal)" and r["run_ids"] == "run-metal"
+    assert rows[f"Apple M3 Max 64GB (metal)|{MODEL_A}|heads/qwen3-8b-dspark|dspark|2|code"]["speedup"] == "1.750"
+
+
+def test_png_exports(evil_report):
+    _, png_dir = evil_report
+    names = sorted(p.stem for p in png_dir.glob("*.png"))
+    assert names == sorted(name for name, _, _ in CHARTS)  # calibration and round time included
+    for p in png_dir.glob("*.png"):
+        w, h = png_size(p)
+        assert w > 100 and h > 100 and p.stat().st_size > 1000
+
+
+def test_pair_filter_and_errors(tmp_path):
+    engine = synthetic_db(tmp_path)
+    html = build_report(engine, tmp_path / "pair.html", pair="Qwen3-8B-4bit:qwen3-8b-dspark").read_text()
+    arms = summary_rows(html)
+    assert arms and all(MODEL_A in k for k in arms)
+    assert {k.split("|")[3] for k in arms} == {"baseline", "dspark"}  # the pair and its baseline, no lookup
+    with pytest.raises(DsparkError, match="no trials of model 'nope'"):
+        build_report(engine, tmp_path / "x.html", pair="nope")
+    with pytest.raises(DsparkError, match="no trials with drafter 'other'"):
+        build_report(engine, tmp_path / "x.html", pair=f"{MODEL_A}:other")
+    with pytest.raises(DsparkError, match="no run 'zzz'"):
+        build_report(engine, tmp_path / "x.html", run_ids=["zzz"])
+    only_cuda = build_report(engine, tmp_path / "cuda.html", run_ids=["run-cuda"]).read_text()
+    assert all(k.startswith("NVIDIA H200 (cuda)|") for k in summary_rows(only_cuda))
+    assert "No calibration records" in only_cuda  # the metal calibration is not this run's device
+
+
+def test_empty_database_is_a_clear_error(tmp_path):
+    from dspark_lab.db.store import open_db
+
+    with pytest.raises(DsparkError, match="no trials in this database; run `dspark-lab sweep`"):
+        build_report(open_db(tmp_path / "empty.duckdb"), tmp_path / "r.html")
+
+
+def test_real_sweep_report_matches_the_database(tmp_path):
+    engine = sweep_db(tmp_path)
+    html = build_report(engine, tmp_path / "report.html", png_dir=tmp_path / "png").read_text()
+    path = engine.url.database
+    engine.dispose()  # DuckDB takes one configuration per file per process
+    con = duckdb.connect(path, read_only=True)
+    trials = con.execute("select drafter_id, mode, cap, domain, prompt_id, decode_tokens_per_sec, mean_accept_len "
+                         "from trials").fetchall()
+    con.close()
+    rows = summary_rows(html)
+    assert len(rows) == 3 * 5  # (all, code, chat) x (baseline + lookup 2/4 + dspark 2/4)
+    base = {(t[3], t[4]): t[5] for t in trials if t[1] == "baseline"}
+    for key, cells in rows.items():
+        machine, _model, drafter, mode, cap, domain = key.split("|")
+        mine = [t for t in trials if (t[0] or "-", t[1], t[2]) == (drafter, mode, cap) and domain in ("all", t[3])]
+        assert cells["trials"] == str(len(mine)), key
+        assert cells["median_tok_s"] == f"{statistics.median(t[5] for t in mine):.2f}", key
+        assert cells["mean_accept_len"] == f"{statistics.mean(t[6] for t in mine):.3f}", key
+        speedup = 1.0 if mode == "baseline" else statistics.median(t[5] / base[(t[3], t[4])] for t in mine)
+        assert cells["speedup"] == f"{speedup:.3f}", key
+        assert machine in cells["device"] and cells["run_ids"]
+    for title in TITLES[:4] + TITLES[-1:]:
+        assert title in html
+    assert "No calibration records" in html  # this sweep had no cap auto, so nothing was calibrated
+    pngs = sorted(p.stem for p in (tmp_path / "png").glob("*.png"))
+    assert pngs == ["accept_hist", "noise", "positions", "speedup", "throughput"]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("google-chrome") is None,
+                    reason="no chromium / google-chrome on PATH to render the report (apt-get install chromium)")
+def test_report_renders_in_headless_chromium(evil_report, tmp_path):
+    html, _ = evil_report
+    page = tmp_path / "report.html"
+    page.write_text(html, encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    subprocess.run([str(ROOT / "scripts" / "screenshot_report.sh"), str(page), str(shot), "1000x1200"], check=True,
+                   capture_output=True, timeout=120)
+    assert png_size(shot) == (1000, 1200)
