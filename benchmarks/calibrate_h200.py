@@ -41,7 +41,8 @@ def main() -> None:
     calibrate(target, head, mode=args.mode, max_cap=args.max_cap, plan=plan)
     cold = time.perf_counter() - t
     t = time.perf_counter()
-    ctrl, curves, _ = calibrate(target, head, mode=args.mode, max_cap=args.max_cap, plan=plan, recalibrate=True)
+    ctrl = calibrate(target, head, mode=args.mode, max_cap=args.max_cap, plan=plan, recalibrate=True)
+    curves = ctrl.curves
     warm = time.perf_counter() - t
     prompts = [p.as_input() for p in load_prompt_set("code").prompts[:4]] + [p.as_input() for p in load_prompt_set("copy").prompts[:4]]
     validate(target, tok, head, curves, prompts=prompts[:2], max_cap=args.max_cap, mode=args.mode, max_new_tokens=32)  # warm-up

@@ -128,7 +128,7 @@ def generate(
         from .lab.calibrate import calibrate as run_calibration
 
         err.print("[dim]--max-draft auto: calibrating this pair on this machine (stored curves are reused)...[/]")
-        controller, _, reused = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
+        controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
                                                 drafter_id=drafter, db=open_db(db))
     if mode in (Mode.dspark, Mode.dflash):
         result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
@@ -194,9 +194,10 @@ def calibrate(
     engine = open_db(db)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("calibrating", total=2 * max_cap + 5)
-        ctrl, curves, reused = run_calibration(target, head, mode=mode.value, model_id=model, drafter_id=drafter, max_cap=max_cap,
+        ctrl = run_calibration(target, head, mode=mode.value, model_id=model, drafter_id=drafter, max_cap=max_cap,
                                                db=engine, recalibrate=recalibrate, plan=plan,
                                                progress=lambda msg: bar.update(task, advance=1, description=msg))
+    curves, reused = ctrl.curves, ctrl.reused
     table = Table("width / cap", "verify ms (spread)", "fit ms", "drafter ms (spread)", "round ms", title="cost curves" + (" (stored, reused)" if reused else ""))
     for w in sorted(curves.verify):
         v = curves.verify[w]
@@ -442,6 +443,33 @@ def registry_show(
         out.print(registry_markdown(reg), markup=False, highlight=False)
     else:
         out.print(registry_table(reg))
+
+
+@app.command()
+@friendly_errors
+def distill(
+    model: ModelOpt,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for the head (config.json, model.safetensors, model card), its data and checkpoints.")],
+    block: Annotated[int, typer.Option(help="Block size: the anchor plus block-1 mask slots; drafts up to block tokens.")] = 7,
+    layers: Annotated[int, typer.Option(help="Transformer layers in the head.")] = 1,
+    markov_rank: Annotated[int, typer.Option(help="Rank of the Markov (previous-token) head; 0 for none.")] = 256,
+    prompts: Annotated[str, typer.Option(help="Prompt corpus: built-in sets, .jsonl files, humaneval / gsm8k:PATH / sharegpt:PATH / mtbench:PATH.")] = "code,math,chat",
+    tokens: Annotated[int, typer.Option(help="Continuation tokens of the target to generate as training data.")] = 20000,
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay to a tenth).")] = 5e-4,
+    anchors: Annotated[int, typer.Option(help="Anchor positions per step.")] = 16,
+    held_out: Annotated[int, typer.Option(help="Prompts per set kept out of training for evaluation.")] = 2,
+    eval_every: Annotated[int, typer.Option(help="Steps between held-out acceptance measurements.")] = 200,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
+):
+    """Train a DSpark head for a model that has none, on the model's own outputs (MLX: Metal, CUDA or, slowly, CPU)."""
+    from .lab.distill import DistillConfig, distill as run_distill
+
+    cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, prompts=prompts,
+                        tokens=tokens, steps=steps, lr=lr, anchors=anchors, held_out=held_out, eval_every=eval_every,
+                        command="dspark-lab " + " ".join(sys.argv[1:]))
+    path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+    out.print(f"head written to {path}; try: dspark-lab generate -m {model} -d {path} --mode dspark")
 
 
 @app.command()

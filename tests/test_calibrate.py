@@ -41,14 +41,13 @@ def test_measured_curves_have_every_point(pair):
 def test_store_reuse_recalibrate(pair, tmp_path):
     target, _, drafter = pair
     db = open_db(tmp_path / "r.duckdb")
-    _, c1, reused = calibrate(target, drafter, db=db, plan=PLAN, max_cap=4)
-    assert not reused
-    _, c2, reused = calibrate(target, drafter, db=db, plan=PLAN, max_cap=4)
-    assert reused and c2.to_dict() == c1.to_dict()
-    _, _, reused = calibrate(target, drafter, db=db, plan=PLAN, max_cap=4, recalibrate=True)
-    assert not reused
-    _, _, reused = calibrate(target, drafter, db=db, plan=CalibrationPlan(max_cap=3, repeats=3, short_ctx=16, long_ctx=64), max_cap=3)
-    assert not reused  # another option, another key
+    ctrl = calibrate(target, drafter, db=db, plan=PLAN, max_cap=4)
+    c1 = ctrl.curves
+    assert not ctrl.reused
+    ctrl = calibrate(target, drafter, db=db, plan=PLAN, max_cap=4)
+    assert ctrl.reused and ctrl.curves.to_dict() == c1.to_dict()
+    assert not calibrate(target, drafter, db=db, plan=PLAN, max_cap=4, recalibrate=True).reused
+    assert not calibrate(target, drafter, db=db, plan=CalibrationPlan(max_cap=3, repeats=3, short_ctx=16, long_ctx=64), max_cap=3).reused  # another option, another key
     with Session(db) as s:
         rows = s.exec(select(CalibrationRecord)).all()
     assert len(rows) == 3
@@ -68,14 +67,14 @@ def test_corrupt_or_foreign_record_is_ignored_with_a_warning(pair, tmp_path, dam
         s.commit()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, curves, reused = calibrate(target, drafter, db=db, plan=PLAN, max_cap=4)
-    assert not reused and curves.verify
+        ctrl = calibrate(target, drafter, db=db, plan=PLAN, max_cap=4)
+    assert not ctrl.reused and ctrl.curves.verify
     assert any("ignoring calibration record" in str(w.message) for w in caught)
 
 
 def test_controller_drives_generation_losslessly(pair):
     target, tok, drafter = pair
-    ctrl, _, _ = calibrate(target, drafter, plan=PLAN, max_cap=4)
+    ctrl = calibrate(target, drafter, plan=PLAN, max_cap=4)
     for p in PROMPTS[:6] + REPETITIVE[:3]:
         base = greedy_generate(target, tok, p, max_new_tokens=24)
         r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, cap_controller=ctrl, lookup_drafts=False)
@@ -85,8 +84,8 @@ def test_controller_drives_generation_losslessly(pair):
 
 def test_lookup_calibration_needs_no_drafter(qwen3):
     target, tok = qwen3
-    ctrl, curves, _ = calibrate(target, None, mode="lookup", plan=PLAN, max_cap=4)
-    assert sorted(curves.drafter) == [1, 2, 3, 4]
+    ctrl = calibrate(target, None, mode="lookup", plan=PLAN, max_cap=4)
+    assert sorted(ctrl.curves.drafter) == [1, 2, 3, 4]
     r = lookup_generate(target, tok, REPETITIVE[0], max_new_tokens=20, cap_controller=ctrl)
     assert r.token_ids == greedy_generate(target, tok, REPETITIVE[0], max_new_tokens=20).token_ids
 

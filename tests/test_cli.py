@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from dspark_lab.cli import app
 
 runner = CliRunner()
-VERBS = ["generate", "demo", "import-gguf", "fetch-model", "calibrate", "doctor", "sweep", "benchmark", "ingest", "export", "report", "registry"]
+VERBS = ["generate", "demo", "import-gguf", "fetch-model", "calibrate", "doctor", "sweep", "benchmark", "ingest", "export", "report", "registry", "distill"]
 
 
 def test_help_lists_every_verb():

@@ -198,9 +198,10 @@ def calibrate(
     acceptance=None,
     plan: CalibrationPlan | None = None,
     progress: Callable[[str], None] | None = None,
-) -> tuple[CapController, CostCurves, bool]:
-    """Cost curves for the pair on this machine (stored ones when the key matches, unless
-    `recalibrate`) and a CapController built on them. Returns (controller, curves, reused)."""
+) -> CapController:
+    """A CapController on this machine's cost curves for the pair: stored curves when the key
+    matches (unless `recalibrate`), freshly measured (and stored) otherwise. The controller
+    carries them as `.curves`, and `.reused` says whether they came from the database."""
     from ..errors import InputError
     from .device import collect_device_stamp, device_key, machine_class
 
@@ -236,7 +237,7 @@ def calibrate(
                                         options=json.dumps(options), curves=json.dumps(curves.to_dict())))
                 s.commit()
     prior = acceptance if acceptance is not None else DEFAULT_ACCEPTANCE[mode]
-    return CapController(curves, max_cap=max_cap, prior=prior), curves, reused
+    return CapController(curves, max_cap=max_cap, prior=prior, reused=reused)
 
 
 class FixedCap:

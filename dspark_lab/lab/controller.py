@@ -67,6 +67,7 @@ class CapController:
     decay: float = 0.97  # weight of old observations per round: about the last 33 rounds count
     prior_weight: float = 2.0  # pseudo-observations the prior counts for (it never decays: keep it small)
     depth: int = 0
+    reused: bool = False  # whether the curves came from the results database
     history: list[int] = field(default_factory=list)  # the cap used by each round
 
     def __post_init__(self) -> None:

@@ -228,7 +228,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
         if arm.cap == "auto":
             if arm.key not in curves_for:
                 curves_for[arm.key] = calibrate(target, drafters.get((arm.mode, arm.drafter_id)), mode=arm.mode, model_id=model_id,
-                                                drafter_id=arm.drafter_id, db=engine)[1]
+                                                drafter_id=arm.drafter_id, db=engine).curves
             max_cap = drafters[(arm.mode, arm.drafter_id)].config.max_drafts if arm.mode in HEAD_MODES else 8
             # A fresh controller per generation: each trial's cap choices depend on that trial alone.
             ctrl = CapController(curves_for[arm.key], max_cap=max_cap, prior=DEFAULT_ACCEPTANCE[arm.mode])

@@ -1,0 +1,300 @@
+"""Distill a DSpark head for a model that has none, against the model's own outputs.
+
+1. Data: the target's own greedy continuations of a prompt corpus (chat template applied),
+   stored as token ids with their provenance (set, prompt id, set version, generation
+   settings) in `OUT/data.jsonl`; a few prompts per set are held out for evaluation.
+2. Training (MLX, any backend): the target runs once per sequence with the tap; the head
+   learns to predict the next block from anchor positions exactly as inference uses it: the
+   fused context of the rows before the anchor, the block `[anchor] + masks` attending to that
+   context and bidirectionally to itself, slot k predicting the token k+1 after the anchor,
+   the Markov term fed the true previous token (at inference it is the accepted draft).
+   Checkpoints (head, optimizer, step) make it resumable; `OUT/train_log.jsonl` logs loss and
+   acceptance.
+3. Output: DeepSpec-native `config.json` + `model.safetensors` (the head binds the target's
+   embeddings and lm_head, so it stays small), and a model card with the command and data.
+   Acceptance is measured through the real `speculative_generate` on held-out prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten
+
+from ..engine.drafters.dspark import DSparkDrafter, DSparkHead
+from ..engine.drafters.dspark_config import DSparkConfig
+from ..engine.generate import greedy_generate
+from ..engine.sampling import SamplingParams
+from ..engine.speculative import speculative_generate
+from ..engine.target import Target
+from ..engine.text import encode_prompt
+from ..errors import InputError
+
+
+@dataclass
+class DistillConfig:
+    model: str
+    out: str
+    block: int = 7
+    layers: int = 1
+    markov_rank: int = 256
+    prompts: str = "code,math,chat"
+    tokens: int = 20_000  # continuation tokens to generate as training data
+    max_new_tokens: int = 192  # per continuation
+    steps: int = 1000
+    lr: float = 5e-4
+    anchors: int = 16  # anchor positions per training step
+    held_out: int = 2  # prompts per set kept for evaluation
+    eval_every: int = 200
+    checkpoint_every: int = 100
+    taps: list[int] | None = None
+    mask_token_id: int | None = None
+    seed: int = 0
+    command: str = ""  # the command line, for the model card
+
+    def __post_init__(self) -> None:
+        for name in ("block", "layers", "tokens", "steps", "anchors", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
+        if self.block < 2:
+            raise InputError("--block must be >= 2 (an anchor and at least one mask slot).")
+        if self.markov_rank < 0 or self.lr <= 0:
+            raise InputError("--markov-rank must be >= 0 and the learning rate > 0.")
+
+
+def default_taps(num_layers: int) -> list[int]:
+    """Early, middle and late layers (never the last: its output is what the target's own
+    head reads, which the drafter gets through the bound lm_head anyway)."""
+    last = max(num_layers - 2, 0)
+    return sorted({min(1, last), num_layers // 2 if num_layers > 2 else 0, last})
+
+
+def head_config(target: Target, cfg: DistillConfig) -> DSparkConfig:
+    tcfg = target.config
+    return DSparkConfig(
+        hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_hidden_layers=cfg.layers,
+        intermediate_size=int(tcfg.get("intermediate_size") or 4 * target.hidden_size),
+        num_attention_heads=int(tcfg.get("num_attention_heads", 8)), num_key_value_heads=tcfg.get("num_key_value_heads"),
+        head_dim=target.head_dim, rms_norm_eps=float(tcfg.get("rms_norm_eps", 1e-6)), rope_theta=float(tcfg.get("rope_theta", 1e6)),
+        block_size=cfg.block, mask_token_id=cfg.mask_token_id if cfg.mask_token_id is not None else target.vocab_size - 1,
+        target_layer_ids=cfg.taps or default_taps(target.num_layers), markov_rank=cfg.markov_rank,
+        enable_confidence_head=False, has_embed_tokens=False, has_lm_head=False,
+    )
+
+
+# --- data -------------------------------------------------------------------------------------
+
+def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[str], None]) -> tuple[list[dict], list]:
+    """Training sequences (cached in OUT/data.jsonl) and the held-out prompts."""
+    from .prompts import load_prompt_sets
+
+    sets = load_prompt_sets(cfg.prompts)
+    train_prompts, held = [], []
+    for s in sets:
+        held += s.prompts[: cfg.held_out]
+        train_prompts += [(s, p) for p in s.prompts[cfg.held_out :]]
+    if not train_prompts:
+        raise InputError(f"no training prompts left after holding out {cfg.held_out} per set; add prompts or lower --held-out.")
+    path = Path(cfg.out) / "data.jsonl"
+    if path.exists():
+        data = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if data:
+            say(f"reusing {len(data)} sequences from {path}")
+            return data, held
+    data, made = [], 0
+    with path.open("w") as f:
+        while made < cfg.tokens:
+            for s, p in train_prompts:
+                ids = encode_prompt(tokenizer, p.as_input())
+                r = greedy_generate(target, tokenizer, ids, max_new_tokens=min(cfg.max_new_tokens, cfg.tokens - made))
+                row = {"ids": ids + r.token_ids, "prompt_len": len(ids), "set": s.name, "set_version": s.version,
+                       "prompt_id": p.id, "generation": "greedy", "max_new_tokens": cfg.max_new_tokens}
+                f.write(json.dumps(row) + "\n")
+                data.append(row)
+                made += r.num_tokens
+                if made >= cfg.tokens:
+                    break
+            else:
+                if made == 0:
+                    raise InputError("the target produced no continuation tokens for any prompt.")
+                continue
+            break
+    say(f"generated {made} continuation tokens in {len(data)} sequences")
+    return data, held
+
+
+# --- training ---------------------------------------------------------------------------------
+
+def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, tokens: mx.array, anchors: mx.array) -> mx.array:
+    """Final-norm hidden states (A, block, H) of one block per anchor, as inference computes
+    them: block rows see the context rows before their anchor and their whole block."""
+    A, bs, L = anchors.shape[0], c.block_size, ctx.shape[1]
+    ids = mx.concatenate([tokens[anchors][:, None], mx.full((A, bs - 1), c.mask_token_id, dtype=tokens.dtype)], axis=1)
+    h = embed(ids)
+    k_pos = mx.arange(L + bs)[None, None, None]
+    visible = (k_pos < anchors[:, None, None, None]) | (k_pos >= L)  # context before the anchor, and the block
+    for layer in head.layers:
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = attn._rope(attn.q_norm(attn.q_proj(x).reshape(A, bs, c.num_attention_heads, -1)).transpose(0, 2, 1, 3), anchors)
+        kb = attn._rope(attn.k_norm(attn.k_proj(x).reshape(A, bs, c.kv_heads, -1)).transpose(0, 2, 1, 3), anchors)
+        vb = attn.v_proj(x).reshape(A, bs, c.kv_heads, -1).transpose(0, 2, 1, 3)
+        kc, vc = attn.kv(ctx, 0)
+        keys = mx.concatenate([mx.broadcast_to(kc, (A,) + kc.shape[1:]), kb], axis=2)
+        values = mx.concatenate([mx.broadcast_to(vc, (A,) + vc.shape[1:]), vb], axis=2)
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=visible)
+        h = h + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(A, bs, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return head.norm(h)
+
+
+def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors):
+    """Mean cross-entropy of every block slot's prediction (slot k: the token k+1 after the anchor)."""
+    ctx = head.hidden_norm(head.fc(taps_cat))[None]
+    hidden = _block_forward(head, c, embed, ctx, tokens, anchors)
+    logits = lm_head(hidden).astype(mx.float32)  # (A, bs, V)
+    L, bs = tokens.shape[0], c.block_size
+    pos = anchors[:, None] + mx.arange(bs)[None]  # position of each slot's previous token
+    valid = (pos + 1) < L
+    targets = tokens[mx.minimum(pos + 1, L - 1)]
+    if c.markov_rank:
+        prev = tokens[mx.minimum(pos, L - 1)]
+        logits = logits + head.markov_head.markov_w2(head.markov_head.markov_w1(prev))
+    ce = nn.losses.cross_entropy(logits, targets, reduction="none")
+    return (ce * valid).sum() / mx.maximum(valid.sum(), 1)
+
+
+def _save_head(head: DSparkHead, path: Path) -> None:
+    mx.save_safetensors(str(path), dict(tree_flatten(head.parameters())), metadata={"format": "mlx"})
+
+
+def native_config(c: DSparkConfig, target: Target) -> dict:
+    """DeepSpec-native config.json for the head."""
+    return {
+        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
+        "num_hidden_layers": c.num_hidden_layers, "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.kv_heads, "head_dim": c.dim,
+        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "block_size": c.block_size,
+        "mask_token_id": c.mask_token_id, "target_layer_ids": c.target_layer_ids, "num_target_layers": target.num_layers,
+        "markov_rank": c.markov_rank, "markov_head_type": "vanilla", "enable_confidence_head": False,
+        "layer_types": ["full_attention"] * c.num_hidden_layers, "tie_word_embeddings": False,
+    }
+
+
+def evaluate(target, tokenizer, head, held, cap: int, max_new_tokens: int = 64) -> float:
+    """Mean accept length of the head on held-out prompts, through the real generation path."""
+    drafter = DSparkDrafter(head, target.embed, target.head_logits)
+    accepts = []
+    for p in held:
+        r = speculative_generate(target, tokenizer, drafter, p.as_input(), max_new_tokens=max_new_tokens,
+                                 max_draft_tokens=cap, lookup_drafts=False)
+        accepts += r.accept_lengths
+    return sum(accepts) / max(len(accepts), 1)
+
+
+def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, say: Callable[[str], None] = print) -> Path:
+    """Run (or resume) a distillation; returns the output directory (a loadable head)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..engine.loading import load_target
+
+    out = Path(cfg.out)
+    ckpt = out / "checkpoint"
+    if out.exists() and any(out.iterdir()) and not resume and not (out / "data.jsonl").exists():
+        raise InputError(f"output directory {str(out)!r} exists and is not a distill run; choose another --out or remove it.")
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt.mkdir(exist_ok=True)
+    mx.random.seed(cfg.seed)
+    target, tokenizer = load_target(cfg.model)
+    c = head_config(target, cfg)
+    target.check_taps(c.target_layer_ids)
+    target.probe(c.target_layer_ids)
+    data, held = prepare_data(target, tokenizer, cfg, say)
+
+    head = DSparkHead(c, target.hidden_size)
+    optimizer = optim.AdamW(learning_rate=optim.cosine_decay(cfg.lr, cfg.steps, cfg.lr * 0.1), weight_decay=0.0)
+    step = 0
+    state_file = ckpt / "state.json"
+    if resume and state_file.exists():
+        head.load_weights(str(ckpt / "head.safetensors"))
+        opt_state = mx.load(str(ckpt / "optimizer.safetensors"))
+        from mlx.utils import tree_unflatten
+
+        optimizer.state = tree_unflatten(list(opt_state.items()))
+        step = json.loads(state_file.read_text())["step"]
+        say(f"resumed at step {step}")
+    elif resume:
+        say("no checkpoint to resume from: starting at step 0")
+    mx.eval(head.parameters())
+    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a: block_loss(h, c, target.embed, target.head_logits, t, x, a))
+    log = (out / "train_log.jsonl").open("a")
+    cap = min(c.max_drafts, 7)
+    rng = __import__("random").Random(cfg.seed + step)
+    t0, losses = time.perf_counter(), []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), disable=not progress) as bar:
+        task = bar.add_task("distill", total=cfg.steps, completed=step)
+        while step < cfg.steps:
+            row = data[rng.randrange(len(data))]
+            ids = mx.array(row["ids"], dtype=mx.uint32)
+            lo, hi = max(1, row["prompt_len"] - 1), len(row["ids"]) - 2
+            if hi <= lo:
+                continue
+            taps = target.forward(ids, target.make_cache(), taps=c.target_layer_ids, last_only=True).taps
+            taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
+            anchors = mx.array(sorted(rng.sample(range(lo, hi), min(cfg.anchors, hi - lo))), dtype=mx.int32)
+            loss, grads = loss_and_grad(head, taps_cat, ids, anchors)
+            optimizer.update(head, grads)
+            mx.eval(head.parameters(), optimizer.state, loss)
+            step += 1
+            losses.append(loss.item())
+            bar.update(task, completed=step, description=f"distill loss {losses[-1]:.3f}")
+            entry = {"step": step, "loss": losses[-1], "seconds": round(time.perf_counter() - t0, 2)}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                entry["mean_accept_len"] = evaluate(target, tokenizer, head, held, cap)
+                say(f"step {step}: loss {losses[-1]:.3f}, held-out mean accept length {entry['mean_accept_len']:.2f} at cap {cap}")
+            log.write(json.dumps(entry) + "\n")
+            log.flush()
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                _save_head(head, ckpt / "head.safetensors")
+                mx.save_safetensors(str(ckpt / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+                state_file.write_text(json.dumps({"step": step}))
+    log.close()
+    _save_head(head, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(native_config(c, target), indent=2))
+    final = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    accept = next((e["mean_accept_len"] for e in reversed(final) if "mean_accept_len" in e), None)
+    write_model_card(out, cfg, c, data, held, final, accept, cap)
+    return out
+
+
+def write_model_card(out: Path, cfg: DistillConfig, c: DSparkConfig, data, held, log, accept, cap) -> None:
+    sets = sorted({(d["set"], d["set_version"]) for d in data})
+    first = sum(e["loss"] for e in log[:10]) / max(1, len(log[:10]))
+    last = sum(e["loss"] for e in log[-10:]) / max(1, len(log[-10:]))
+    params = sum(v.size for _, v in tree_flatten(DSparkHead(c, c.hidden_size).parameters()))
+    (out / "README.md").write_text(f"""# DSpark head for {cfg.model}
+
+Distilled by dspark-lab against the target's own greedy continuations.
+
+- Command: `{cfg.command or 'dspark-lab distill ...'}`
+- Settings: {json.dumps({k: v for k, v in asdict(cfg).items() if k != 'command'})}
+- Architecture: DeepSpec-native DSpark, qwen3 backbone, {c.num_hidden_layers} layer(s), block {c.block_size},
+  Markov rank {c.markov_rank}, taps {c.target_layer_ids}, mask token {c.mask_token_id}; binds the target's
+  embeddings and lm_head (not stored). {params / 1e6:.1f} M parameters.
+- Data: {len(data)} sequences, {sum(len(d['ids']) - d['prompt_len'] for d in data)} continuation tokens, from prompt sets
+  {', '.join(f'{n} (version {v})' for n, v in sets)}; {cfg.held_out} prompts per set held out:
+  {', '.join(p.id for p in held)}. The sequences are in data.jsonl.
+- Training: {len(log)} steps logged; mean loss of the first 10 steps {first:.3f}, of the last 10 {last:.3f}.
+- Held-out mean accept length at cap {cap}: {accept if accept is None else round(accept, 3)}
+  (through `speculative_generate`, greedy, lossless).
+
+Load it with `load_pair(model, this_directory)` or `dspark-lab generate -m MODEL -d THIS_DIR --mode dspark`.
+""")
