@@ -158,13 +158,21 @@ def load_pair(
         if max_draft_tokens is None and isinstance(cap, int):
             max_draft_tokens = cap
         evidence = {k: entry.get(k) for k in ("speedup", "ci", "mean_accept_len", "trials", "machine", "device", "run_ids", "date", "cap")}
-    target, tokenizer = load_target(model, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
+    return _load_head_pair(model, drafter, mode, drafter_bits=drafter_bits, drafter_window=drafter_window,
+                           max_draft_tokens=max_draft_tokens, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype,
+                           source=source, evidence=evidence)
+
+
+def _load_head_pair(model, drafter, mode: str, *, drafter_bits, drafter_window, max_draft_tokens, trust_remote_code, kv_bits,
+                    dtype, source="user", evidence=None):
     from .drafters.load import load_dflash, load_dspark
 
+    target, tokenizer = load_target(model, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
     loader = load_dflash if mode == "dflash" else load_dspark
     head = loader(drafter, target, bits=drafter_bits, window=drafter_window)
-    cap = max_draft_tokens or min(2, head.config.max_drafts)
-    return target, tokenizer, head, PairConfig(str(model), str(drafter), mode, cap, source, evidence)
+    # DSpark defaults to a short draft; DFlash to its full block (what it was trained to fill).
+    cap = max_draft_tokens or (head.config.max_drafts if mode == "dflash" else min(2, head.config.max_drafts))
+    return target, tokenizer, head, PairConfig(str(model), str(drafter), mode, cap, source, evidence or {})
 
 
 def _backend() -> str:
@@ -207,9 +215,5 @@ def load_dflash_pair(
     dtype: str | None = None,
 ):
     """Load a target and its DFlash / DFlash 2 head -> (target, tokenizer, drafter, PairConfig)."""
-    from .drafters.load import load_dflash
-
-    target, tokenizer = load_target(model, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
-    head = load_dflash(drafter, target, bits=drafter_bits, window=drafter_window)
-    cap = max_draft_tokens or head.config.max_drafts
-    return target, tokenizer, head, PairConfig(str(model), str(drafter), "dflash", cap, "user", {})
+    return _load_head_pair(model, drafter, "dflash", drafter_bits=drafter_bits, drafter_window=drafter_window,
+                           max_draft_tokens=max_draft_tokens, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)

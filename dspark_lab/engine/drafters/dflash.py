@@ -22,8 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...errors import LoadError
-from ..cache import BucketedKVCache, bucketed
-from .dspark import MLP, BlockOut, DraftAttention
+from .dspark import MLP, BlockOut, ContextDrafter, DraftAttention
 from .dspark_config import DSparkConfig
 
 
@@ -186,41 +185,17 @@ class DFlashHead(nn.Module):
             self.candidate_selector = CandidateSelector(b.hidden_size, b.vocab_size, c.selector_rank)
 
 
-class DFlashDrafter:
+class DFlashDrafter(ContextDrafter):
     """A loaded DFlash / DFlash 2 head bound to its target (embeddings and lm_head)."""
 
     kind = "dflash"
-
-    def __init__(self, head: DFlashHead, embed, lm_head, *, window: int = 4096, name: str = ""):
-        self.head, self.config = head, head.config
-        self.embed, self.lm_head = embed, lm_head
-        self.window, self.name = window, name
-        self.caches: list[BucketedKVCache] = []
-        self.ctx_len = 0
-
-    @property
-    def target_layer_ids(self) -> tuple[int, ...]:
-        return tuple(self.config.target_layer_ids)
-
-    def reset(self) -> None:
-        self.caches = [BucketedKVCache() for _ in self.head.layers]
-        self.ctx_len = 0
-
-    def append_context(self, taps: dict[int, mx.array]) -> None:
-        ctx = self.head.hidden_norm(self.head.fc(mx.concatenate([taps[t] for t in self.config.target_layer_ids], axis=-1)))[None]
-        for layer, cache in zip(self.head.layers, self.caches):
-            cache.update_and_fetch(*layer.self_attn.kv(ctx, self.ctx_len))
-        self.ctx_len += ctx.shape[1]
 
     def _mask(self, layer_type: str, width: int) -> mx.array:
         """Keys each block row sees, over the bucketed keys: context within the drafter window;
         full layers bidirectional, sliding layers causal within their window (z-lab's
         defaults), unless the config's is_causal says otherwise."""
         c = self.config
-        need = self.ctx_len + width
-        q = self.ctx_len + mx.arange(width)[:, None]
-        k = mx.arange(need if width == 1 else bucketed(need))[None]
-        visible = (k < need) & (k >= self.ctx_len - self.window)
+        q, k, visible = self._positions(width)
         sliding = layer_type == "sliding_attention"
         causal = c.is_causal if c.is_causal is not None else sliding
         if causal:

@@ -157,24 +157,18 @@ class BlockOut:
     survival: mx.array | None  # (cap,) confidence-head probabilities
 
 
-class DSparkDrafter:
-    """A loaded head bound to its target: owns the context cache and drafts blocks.
+class ContextDrafter:
+    """What every head drafter shares: the target's embeddings and lm_head it is bound to, and
+    its context cache of the target's fused tapped rows, one position per committed token."""
 
-    `embed` and `lm_head` are the head's own or the target's (bound at load when the head
-    ships none)."""
+    kind = ""
 
-    kind = "dspark"
-
-    def __init__(self, head: DSparkHead, embed, lm_head, *, window: int = 4096, name: str = ""):
-        self.head = head
-        self.config = head.config
-        self.embed = embed
-        self.lm_head = lm_head
-        self.window = window
-        self.name = name
+    def __init__(self, head, embed, lm_head, *, window: int = 4096, name: str = ""):
+        self.head, self.config = head, head.config
+        self.embed, self.lm_head = embed, lm_head
+        self.window, self.name = window, name
         self.caches: list[BucketedKVCache] = []
         self.ctx_len = 0
-        self._embed_scale = math.sqrt(self.config.hidden_size) if self.config.backbone == "gemma4" else 1.0
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:
@@ -197,15 +191,33 @@ class DSparkDrafter:
             cache.update_and_fetch(k, v)
         self.ctx_len += ctx.shape[1]
 
-    def _mask(self, width: int) -> mx.array:
-        """Which keys each block row sees, over the keys the bucketed cache hands attention
-        (padded to a bucket when width > 1): the last `window` context rows and the block
-        (all of it, or up to itself for causal heads, within their sliding window if any)."""
-        c = self.config
+    def _positions(self, width: int) -> tuple[mx.array, mx.array, mx.array]:
+        """Query and key positions of a block of `width` rows over the keys the bucketed cache
+        hands attention (padded to a bucket when width > 1), and what every row may see
+        before any causal rule: the last `window` context rows and the block."""
         need = self.ctx_len + width
-        q_pos = self.ctx_len + mx.arange(width)[:, None]
-        k_pos = mx.arange(need if width == 1 else bucketed(need))[None]
-        visible = (k_pos < need) & (k_pos >= self.ctx_len - self.window)
+        q = self.ctx_len + mx.arange(width)[:, None]
+        k = mx.arange(need if width == 1 else bucketed(need))[None]
+        return q, k, (k < need) & (k >= self.ctx_len - self.window)
+
+
+class DSparkDrafter(ContextDrafter):
+    """A loaded DSpark head bound to its target: owns the context cache and drafts blocks.
+
+    `embed` and `lm_head` are the head's own or the target's (bound at load when the head
+    ships none)."""
+
+    kind = "dspark"
+
+    def __init__(self, head: DSparkHead, embed, lm_head, *, window: int = 4096, name: str = ""):
+        super().__init__(head, embed, lm_head, window=window, name=name)
+        self._embed_scale = math.sqrt(self.config.hidden_size) if self.config.backbone == "gemma4" else 1.0
+
+    def _mask(self, width: int) -> mx.array:
+        """Which keys each block row sees: the windowed context and the block (all of it, or
+        up to itself for causal heads, within their sliding window if any)."""
+        c = self.config
+        q_pos, k_pos, visible = self._positions(width)
         if c.causal:
             visible = visible & (k_pos <= q_pos)
             if c.sliding_window:
