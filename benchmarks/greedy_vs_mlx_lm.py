@@ -21,6 +21,7 @@ from mlx_lm.generate import stream_generate
 
 from dspark_lab import greedy_generate, load_target, lookup_generate
 from dspark_lab.engine.text import encode_prompt
+from dspark_lab.lab.lossless import first_divergence as divergence
 
 PROMPTS = {
     "code": "Write a Python function that checks whether a string is a palindrome, with a docstring and three doctest examples.",
@@ -48,20 +49,6 @@ def mlx_lm_arm(target, tokenizer, ids, max_tokens):
 def our_arm(fn, target, tokenizer, ids, max_tokens):
     r = fn(target, tokenizer, ids, max_new_tokens=max_tokens)
     return r.token_ids, r.decode_tokens_per_sec
-
-
-def divergence(target, ids, a, b):
-    """Where two outputs first differ, and how close the target's choice was there: the gap
-    between the logits of the two competing tokens after a fresh prefill of the common prefix.
-    A gap of the order of the logits' rounding step means a numerical near-tie, not a bug."""
-    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    if i is None:
-        return None
-    logits = target.forward(mx.array(ids + a[:i], dtype=mx.uint32), target.make_cache(), last_only=True).logits[0]
-    logits = logits.astype(mx.float32)
-    top = mx.sort(logits)[-2:].tolist()
-    return {"index": i, "logit_a": round(logits[a[i]].item(), 4), "logit_b": round(logits[b[i]].item(), 4),
-            "top2_margin": round(top[1] - top[0], 4), "logit_dtype": str(target.forward(mx.array(ids[:1], dtype=mx.uint32), target.make_cache()).logits.dtype)}
 
 
 def main() -> None:

@@ -1,0 +1,62 @@
+"""Lookup (and optionally a DSpark/DFlash head) against plain greedy decoding on real weights:
+token identity per prompt, and for every difference where it starts and how close the target's
+top two logits were there.
+
+    python benchmarks/lossless_check.py --model DIR [--head DIR --mode dspark|dflash] [--prompts copy,code] [--limit 6] [--max-new-tokens 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from dspark_lab.engine import greedy_generate, load_target, lookup_generate, speculative_generate
+from dspark_lab.engine.text import encode_prompt
+from dspark_lab.lab.lossless import first_divergence
+from dspark_lab.lab.prompts import load_prompt_sets
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--head")
+    ap.add_argument("--mode", default="dspark")
+    ap.add_argument("--prompts", default="copy,code")
+    ap.add_argument("--limit", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    target, tok = load_target(args.model)
+    head = None
+    if args.head:
+        from dspark_lab.engine.drafters.load import load_dflash, load_dspark
+
+        head = (load_dflash if args.mode == "dflash" else load_dspark)(args.head, target)
+    prompts = [p for s in load_prompt_sets(args.prompts, limit=args.limit) for p in s.prompts]
+    t0 = time.perf_counter()
+    first = encode_prompt(tok, prompts[0].as_input())
+    greedy_generate(target, tok, first, max_new_tokens=32)  # warm-up (kernel compiles)
+    lookup_generate(target, tok, first, max_new_tokens=32)
+    rows = []
+    for p in prompts:
+        ids = encode_prompt(tok, p.as_input())
+        base = greedy_generate(target, tok, ids, max_new_tokens=args.max_new_tokens)
+        arms = {"lookup": lookup_generate(target, tok, ids, max_new_tokens=args.max_new_tokens)}
+        if head is not None:
+            arms[args.mode] = speculative_generate(target, tok, head, ids, max_new_tokens=args.max_new_tokens, max_draft_tokens=4)
+        for name, r in arms.items():
+            div = first_divergence(target, ids, base.token_ids, r.token_ids)
+            rows.append({"prompt": p.id, "arm": name, "context": len(ids) + base.num_tokens, "identical": div is None,
+                         "divergence": div, "mean_accept": round(r.mean_accept_len, 2),
+                         "speedup": round(r.decode_tokens_per_sec / base.decode_tokens_per_sec, 3) if base.decode_tokens_per_sec else None})
+            print(json.dumps(rows[-1]))
+    same = sum(r["identical"] for r in rows)
+    print(f"{same}/{len(rows)} identical; {time.perf_counter() - t0:.0f} s in all")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"model": args.model, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
