@@ -22,9 +22,11 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int] | list[dict], *, apply_
     if isinstance(prompt, (list, tuple)) and not prompt:
         raise InputError("the prompt is empty; pass some text or at least one chat message.")
     has_template = getattr(tokenizer, "chat_template", None) is not None
+    if isinstance(prompt, (list, tuple)) and not has_template:
+        # A base model has no chat template: its prompt is the messages' text, one per paragraph.
+        prompt = "\n\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
+        apply_chat_template = False
     if isinstance(prompt, (list, tuple)):
-        if not has_template:
-            raise InputError("chat messages need a tokenizer with a chat template; this one has none. Pass plain text instead.")
         ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
     elif apply_chat_template and has_template:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
