@@ -148,3 +148,14 @@ def test_max_new_tokens_must_be_positive(qwen3, n):
 
 def test_errors_are_one_type():
     assert issubclass(LoadError, Exception) and issubclass(InputError, ValueError)
+
+
+def test_chat_messages_for_a_base_model_become_plain_text():
+    class BaseTokenizer:  # no chat template, like Gemma-3-270M base
+        chat_template = None
+
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert encode_prompt(BaseTokenizer(), msgs) == [ord(c) for c in "Be brief.\n\nHi"]
