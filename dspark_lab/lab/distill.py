@@ -118,8 +118,11 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
                 row = {"ids": ids + r.token_ids, "prompt_len": len(ids), "set": s.name, "set_version": s.version,
                        "prompt_id": p.id, "generation": "greedy", "max_new_tokens": cfg.max_new_tokens}
                 f.write(json.dumps(row) + "\n")
+                f.flush()
                 data.append(row)
                 made += r.num_tokens
+                if len(data) % 5 == 0:
+                    say(f"data: {made}/{cfg.tokens} continuation tokens in {len(data)} sequences")
                 if made >= cfg.tokens:
                     break
             else:
