@@ -137,6 +137,7 @@ class Target:
             layer._dspark_recorder = self._recorder
             layer._dspark_index = i
         self.probed = False
+        self.trims_only = True  # set by make_cache
 
     # --- cache -------------------------------------------------------------------------------
     def make_cache(self) -> list:
@@ -145,6 +146,9 @@ class Target:
         `kv_bits` set, a quantized KV cache (trimmable like the plain one)."""
         cache = cache_lib.make_prompt_cache(self.model)
         cache = [BucketedKVCache() if type(c) is cache_lib.KVCache else c for c in cache]
+        # Whether rejected rows can simply be trimmed; fixed per model, so decided once here,
+        # not in every round's checkpoint.
+        self.trims_only = all(self._rewinds_by_trim(c) for c in cache)
         if self.kv_bits is not None:
             cache = [c.to_quantized(group_size=self.kv_group_size, bits=self.kv_bits) if hasattr(c, "to_quantized") else c for c in cache]
         return cache
@@ -164,7 +168,7 @@ class Target:
     def checkpoint(self, cache: list):
         """Before a verify forward: what rewinding needs (None when every cache just trims).
         Arrays are sliced copies: MLX updates caches in place, so a bare reference would follow."""
-        if all(self._rewinds_by_trim(c) for c in cache):
+        if self.trims_only:
             return None
         snap = []
         for c in cache:
