@@ -91,3 +91,24 @@ def test_bad_distill_options(tiny_dirs, tmp_path):
     (tmp_path / "busy" / "other.txt").write_text("x")
     with pytest.raises(InputError, match="exists and is not a distill run"):
         distill(config(tiny_dirs["qwen3"], tmp_path / "busy"), progress=False, say=lambda m: None)
+
+
+def test_padding_a_sequence_does_not_change_the_loss(tiny_dirs, trained):
+    import mlx.core as mx
+
+    from dspark_lab.lab.distill import block_loss
+
+    target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], trained, drafter_bits=16)
+    c = drafter.config
+    row = json.loads((trained / "data.jsonl").read_text().splitlines()[0])
+    anchors = mx.arange(row["prompt_len"], len(row["ids"]) - 2, dtype=mx.int32)
+
+    def loss(ids, length=None):
+        ids = mx.array(ids, dtype=mx.uint32)
+        taps = target.forward(ids, target.make_cache(), taps=c.target_layer_ids).taps
+        cat = mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1)
+        return block_loss(drafter.head, c, target.embed, target.head_logits, cat, ids, anchors, length).item()
+
+    plain = loss(row["ids"])
+    padded = loss(row["ids"] + [row["ids"][-1]] * 37, length=len(row["ids"]))
+    assert padded == pytest.approx(plain, rel=1e-4)

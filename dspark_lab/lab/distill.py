@@ -39,6 +39,9 @@ from ..engine.text import encode_prompt
 from ..errors import InputError
 
 
+PAD_TO = 64  # training sequences are padded to a multiple of this many tokens
+
+
 @dataclass
 class DistillConfig:
     model: str
@@ -159,14 +162,17 @@ def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, toke
     return head.norm(h)
 
 
-def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors):
-    """Mean cross-entropy of every block slot's prediction (slot k: the token k+1 after the anchor)."""
+def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None):
+    """Mean cross-entropy of every block slot's prediction (slot k: the token k+1 after the anchor).
+
+    `tokens` may be padded past `length` (the real sequence length): padding is never a target,
+    and no anchor's context reaches it (context rows are those before the anchor)."""
     ctx = head.hidden_norm(head.fc(taps_cat))[None]
     hidden = _block_forward(head, c, embed, ctx, tokens, anchors)
     logits = lm_head(hidden).astype(mx.float32)  # (A, bs, V)
     L, bs = tokens.shape[0], c.block_size
     pos = anchors[:, None] + mx.arange(bs)[None]  # position of each slot's previous token
-    valid = (pos + 1) < L
+    valid = (pos + 1) < (L if length is None else length)
     targets = tokens[mx.minimum(pos + 1, L - 1)]
     if c.markov_rank:
         prev = tokens[mx.minimum(pos, L - 1)]
@@ -237,7 +243,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     elif resume:
         say("no checkpoint to resume from: starting at step 0")
     mx.eval(head.parameters())
-    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a: block_loss(h, c, target.embed, target.head_logits, t, x, a))
+    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n: block_loss(h, c, target.embed, target.head_logits, t, x, a, n))
     log = (out / "train_log.jsonl").open("a")
     cap = min(c.max_drafts, 7)
     rng = __import__("random").Random(cfg.seed + step)
@@ -246,14 +252,17 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         task = bar.add_task("distill", total=cfg.steps, completed=step)
         while step < cfg.steps:
             row = data[rng.randrange(len(data))]
-            ids = mx.array(row["ids"], dtype=mx.uint32)
             lo, hi = max(1, row["prompt_len"] - 1), len(row["ids"]) - 2
             if hi <= lo:
                 continue
+            # Pad to a multiple of PAD_TO so the target and head see few distinct shapes: on
+            # CUDA every new shape compiles its kernels first.
+            length = len(row["ids"])
+            ids = mx.array(row["ids"] + [row["ids"][-1]] * (-length % PAD_TO), dtype=mx.uint32)
             taps = target.forward(ids, target.make_cache(), taps=c.target_layer_ids, last_only=True).taps
             taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
             anchors = mx.array(sorted(rng.sample(range(lo, hi), min(cfg.anchors, hi - lo))), dtype=mx.int32)
-            loss, grads = loss_and_grad(head, taps_cat, ids, anchors)
+            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, length)
             optimizer.update(head, grads)
             mx.eval(head.parameters(), optimizer.state, loss)
             step += 1
