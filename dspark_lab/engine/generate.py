@@ -156,7 +156,6 @@ class Draft:
 
     tokens: list[int] | mx.array
     probs: mx.array | None = None
-    source: str = "lookup"
 
     def __len__(self) -> int:
         return len(self.tokens) if isinstance(self.tokens, list) else int(self.tokens.shape[0])
@@ -167,7 +166,6 @@ class DraftSource:
     layers it reads (`taps`) and is handed their rows for every committed token."""
 
     taps: tuple[int, ...] = ()
-    name = "lookup"
 
     def start(self, prompt_ids: list[int], prompt_taps: dict[int, mx.array]) -> None:
         """Called once after prefill with the prompt's tapped rows (lazy)."""

@@ -28,7 +28,6 @@ class HeadSource(DraftSource):
 
     def __init__(self, drafter, *, lookup: bool = True, confidence_threshold: float = 0.0):
         self.drafter = drafter
-        self.name = drafter.kind
         self.taps = drafter.target_layer_ids
         self.lookup = lookup
         self.threshold = confidence_threshold
@@ -43,18 +42,18 @@ class HeadSource(DraftSource):
 
     def propose(self, pending, cap, params):
         if cap <= 0:
-            return Draft([], source="none")
+            return Draft([])
         if self.index is not None:
             hit = self.index.propose(cap)
             if hit:
-                return Draft(hit, source="lookup")
+                return Draft(hit)
         out = self.drafter.draft(pending, cap, params)
         if self.threshold > 0 and out.survival is not None:
             # Truncating changes the verify width, which the host must know: one extra read.
             keep = mx.cumprod((out.survival >= self.threshold).astype(mx.int32)).sum().item()
             self.extra_reads += 1
-            return Draft(out.tokens[:keep], out.probs[:keep] if out.probs is not None else None, source=self.name)
-        return Draft(out.tokens, out.probs, source=self.name)
+            return Draft(out.tokens[:keep], out.probs[:keep] if out.probs is not None else None)
+        return Draft(out.tokens, out.probs)
 
     def commit(self, tokens, taps):
         if self.index is not None:

@@ -52,7 +52,7 @@ class _FixedWidth(DraftSource):
     def propose(self, pending, cap, params):
         if self.drafter is None:
             return Draft([pending] * cap)
-        return Draft(self.drafter.draft(pending, cap, params).tokens, source="dspark")
+        return Draft(self.drafter.draft(pending, cap, params).tokens)
 
     def commit(self, tokens, taps):
         if self.drafter is not None and taps:
