@@ -2,7 +2,11 @@
 token identity per prompt, and for every difference where it starts and how close the target's
 top two logits were there.
 
-    python benchmarks/lossless_check.py --model DIR [--head DIR --mode dspark|dflash] [--prompts copy,code] [--limit 6] [--max-new-tokens 512]
+    python benchmarks/lossless_check.py --model DIR [--head DIR --mode dspark|dflash --cap 4 [--lookup-drafts]]
+        [--prompts copy,code] [--limit 6] [--max-new-tokens 512] [--no-lookup-arm]
+
+The head drafts on its own unless --lookup-drafts (then a long n-gram match is verified instead),
+so its mean accept length is the head's.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ def main() -> None:
     ap.add_argument("--prompts", default="copy,code")
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--cap", type=int, default=4)
+    ap.add_argument("--lookup-drafts", action="store_true")
+    ap.add_argument("--no-lookup-arm", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
     target, tok = load_target(args.model)
@@ -42,9 +49,10 @@ def main() -> None:
     for p in prompts:
         ids = encode_prompt(tok, p.as_input())
         base = greedy_generate(target, tok, ids, max_new_tokens=args.max_new_tokens)
-        arms = {"lookup": lookup_generate(target, tok, ids, max_new_tokens=args.max_new_tokens)}
+        arms = {} if args.no_lookup_arm else {"lookup": lookup_generate(target, tok, ids, max_new_tokens=args.max_new_tokens)}
         if head is not None:
-            arms[args.mode] = speculative_generate(target, tok, head, ids, max_new_tokens=args.max_new_tokens, max_draft_tokens=4)
+            arms[args.mode] = speculative_generate(target, tok, head, ids, max_new_tokens=args.max_new_tokens, max_draft_tokens=args.cap,
+                                                   lookup_drafts=args.lookup_drafts)
         for name, r in arms.items():
             div = first_divergence(target, ids, base.token_ids, r.token_ids)
             rows.append({"prompt": p.id, "arm": name, "context": len(ids) + base.num_tokens, "identical": div is None,
@@ -53,6 +61,9 @@ def main() -> None:
             print(json.dumps(rows[-1]))
     same = sum(r["identical"] for r in rows)
     print(f"{same}/{len(rows)} identical; {time.perf_counter() - t0:.0f} s in all")
+    for arm in sorted({r["arm"] for r in rows}):
+        acc = [r["mean_accept"] for r in rows if r["arm"] == arm]
+        print(f"{arm}: mean accept length {sum(acc) / len(acc):.3f} over {len(acc)} prompts (per-prompt mean)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"model": args.model, "rows": rows}, f, indent=2)

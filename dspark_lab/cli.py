@@ -455,19 +455,24 @@ def distill(
     markov_rank: Annotated[int, typer.Option(help="Rank of the Markov (previous-token) head; 0 for none.")] = 256,
     prompts: Annotated[str, typer.Option(help="Prompt corpus: built-in sets, .jsonl files, humaneval / gsm8k:PATH / sharegpt:PATH / mtbench:PATH.")] = "code,math,chat",
     tokens: Annotated[int, typer.Option(help="Continuation tokens of the target to generate as training data.")] = 20000,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest continuation per prompt (each prompt is continued once).")] = 192,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay to a tenth).")] = 5e-4,
     anchors: Annotated[int, typer.Option(help="Anchor positions per step.")] = 16,
     held_out: Annotated[int, typer.Option(help="Prompts per set kept out of training for evaluation.")] = 2,
     eval_every: Annotated[int, typer.Option(help="Steps between held-out acceptance measurements.")] = 200,
+    batch: Annotated[int, typer.Option(help="Prompts the target continues at once when generating the data (1: one by one, exact greedy).")] = 32,
+    max_len: Annotated[int, typer.Option(help="Cut training sequences to this many tokens (the continuation is kept).")] = 512,
+    minutes: Annotated[float, typer.Option(help="Stop training after this many minutes (0: run all --steps); the head is saved and measured either way.")] = 0.0,
+    save_dtype: Annotated[str, typer.Option(help="dtype of the saved head: bfloat16, float16 or float32.")] = "bfloat16",
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
 ):
     """Train a DSpark head for a model that has none, on the model's own outputs (MLX: Metal, CUDA or, slowly, CPU)."""
     from .lab.distill import DistillConfig, distill as run_distill
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, prompts=prompts,
-                        tokens=tokens, steps=steps, lr=lr, anchors=anchors, held_out=held_out, eval_every=eval_every,
-                        command="dspark-lab " + " ".join(sys.argv[1:]))
+                        tokens=tokens, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, held_out=held_out, eval_every=eval_every,
+                        batch=batch, max_len=max_len, minutes=minutes, save_dtype=save_dtype, command="dspark-lab " + " ".join(sys.argv[1:]))
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     out.print(f"head written to {path}; try: dspark-lab generate -m {model} -d {path} --mode dspark")
 

@@ -112,3 +112,33 @@ def test_padding_a_sequence_does_not_change_the_loss(tiny_dirs, trained):
     plain = loss(row["ids"])
     padded = loss(row["ids"] + [row["ids"][-1]] * 37, length=len(row["ids"]))
     assert padded == pytest.approx(plain, rel=1e-4)
+
+
+def test_time_budget_stops_training_and_still_saves_a_measured_head(tiny_dirs, tmp_path):
+    out = tmp_path / "head"
+    said = []
+    distill(config(tiny_dirs["qwen3"], out, steps=10_000, minutes=0.05, batch=1, tokens=60, eval_every=10_000),
+            progress=False, say=said.append)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert any("time budget" in m for m in said) and 0 < len(log) < 10_000
+    assert "mean_accept_len" in log[-1]  # measured although no eval step came round
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == len(log)
+    data = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    assert {d["generation"] for d in data} == {"greedy"}  # --batch 1: exact one-by-one greedy
+    import mlx.core as mx
+
+    assert {v.dtype for v in mx.load(str(out / "model.safetensors")).values()} == {mx.bfloat16}
+
+
+def test_batched_data_are_the_targets_greedy_continuations(tiny_dirs, trained):
+    """Batched generation pads prompts together; its continuations must still be the model's greedy
+    output (float32 on the CPU: no rounding-step ties), spot-checked against one-by-one decoding."""
+    from dspark_lab import load_target
+
+    target, tok = load_target(tiny_dirs["qwen3"])
+    rows = [json.loads(line) for line in (trained / "data.jsonl").read_text().splitlines()]
+    assert {r["generation"] for r in rows} == {"greedy-batched"}
+    for row in rows[:3]:
+        prompt = row["ids"][: row["prompt_len"]]
+        ref = greedy_generate(target, tok, prompt, max_new_tokens=len(row["ids"]) - row["prompt_len"])
+        assert row["ids"][row["prompt_len"] :] == ref.token_ids[: len(row["ids"]) - row["prompt_len"]]

@@ -58,6 +58,10 @@ class DistillConfig:
     held_out: int = 2  # prompts per set kept for evaluation
     eval_every: int = 200
     checkpoint_every: int = 100
+    batch: int = 32  # prompts generated together for the data (1: one at a time)
+    max_len: int = 512  # training sequences are cut to this many tokens (few shapes to compile)
+    minutes: float = 0.0  # > 0: stop training after this long (then save as at the last step)
+    save_dtype: str = "bfloat16"  # dtype of the saved head (float32 doubles its size)
     taps: list[int] | None = None
     mask_token_id: int | None = None
     seed: int = 0
@@ -69,6 +73,10 @@ class DistillConfig:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
         if self.block < 2:
             raise InputError("--block must be >= 2 (an anchor and at least one mask slot).")
+        if self.batch < 1 or self.max_len < 2 * PAD_TO or self.minutes < 0:
+            raise InputError(f"--batch must be >= 1, --max-len >= {2 * PAD_TO} and --minutes >= 0.")
+        if self.save_dtype not in ("bfloat16", "float16", "float32"):
+            raise InputError(f"--save-dtype must be bfloat16, float16 or float32, got {self.save_dtype!r}.")
         if self.markov_rank < 0 or self.lr <= 0:
             raise InputError("--markov-rank must be >= 0 and the learning rate > 0.")
 
@@ -104,6 +112,8 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
     for s in sets:
         held += s.prompts[: cfg.held_out]
         train_prompts += [(s, p) for p in s.prompts[cfg.held_out :]]
+    # Interleave the sets (seeded) so a --tokens budget spends itself on all of them, not the first.
+    __import__("random").Random(cfg.seed).shuffle(train_prompts)
     if not train_prompts:
         raise InputError(f"no training prompts left after holding out {cfg.held_out} per set; add prompts or lower --held-out.")
     path = Path(cfg.out) / "data.jsonl"
@@ -114,27 +124,45 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
             return data, held
     data, made = [], 0
     with path.open("w") as f:
-        while made < cfg.tokens:
-            for s, p in train_prompts:
-                ids = encode_prompt(tokenizer, p.as_input())
-                r = greedy_generate(target, tokenizer, ids, max_new_tokens=min(cfg.max_new_tokens, cfg.tokens - made))
-                row = {"ids": ids + r.token_ids, "prompt_len": len(ids), "set": s.name, "set_version": s.version,
-                       "prompt_id": p.id, "generation": "greedy", "max_new_tokens": cfg.max_new_tokens}
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                data.append(row)
-                made += r.num_tokens
-                if len(data) % 5 == 0:
-                    say(f"data: {made}/{cfg.tokens} continuation tokens in {len(data)} sequences")
-                if made >= cfg.tokens:
-                    break
+        def keep(s, p, ids, out, how):
+            nonlocal made
+            row = {"ids": ids + out, "prompt_len": len(ids), "set": s.name, "set_version": s.version,
+                   "prompt_id": p.id, "generation": how, "max_new_tokens": cfg.max_new_tokens}
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            data.append(row)
+            made += len(out)
+
+        # Each prompt once: greedy continuations of the same prompt are identical, so going
+        # round again would only duplicate data.
+        for start in range(0, len(train_prompts), cfg.batch):
+            if made >= cfg.tokens:
+                break
+            chunk = train_prompts[start : start + cfg.batch]
+            encoded = [encode_prompt(tokenizer, p.as_input()) for _, p in chunk]
+            if cfg.batch == 1:
+                r = greedy_generate(target, tokenizer, encoded[0], max_new_tokens=cfg.max_new_tokens)
+                outs, how = [r.token_ids], "greedy"
             else:
-                if made == 0:
-                    raise InputError("the target produced no continuation tokens for any prompt.")
-                continue
-            break
+                outs, how = _batch_greedy(target, tokenizer, encoded, cfg.max_new_tokens), "greedy-batched"
+            for (s, p), ids, out in zip(chunk, encoded, outs):
+                keep(s, p, ids, out, how)
+            say(f"data: {made}/{cfg.tokens} continuation tokens in {len(data)} sequences")
+        if made == 0:
+            raise InputError("the target produced no continuation tokens for any prompt.")
     say(f"generated {made} continuation tokens in {len(data)} sequences")
     return data, held
+
+
+def _batch_greedy(target: Target, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuations of many prompts at once through mlx-lm's batched generator (the
+    target's own model, argmax sampling). Padding inside the batch can move a near-tie logit by
+    a rounding step, so these are "greedy-batched" in the provenance: training data, never a
+    reference for losslessness."""
+    from mlx_lm.generate import batch_generate
+
+    r = batch_generate(target.model, tokenizer, prompts, max_tokens=max_new_tokens, return_token_ids=True)
+    return [list(ids) for ids in r.token_ids]
 
 
 # --- training ---------------------------------------------------------------------------------
@@ -181,8 +209,9 @@ def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, toke
     return (ce * valid).sum() / mx.maximum(valid.sum(), 1)
 
 
-def _save_head(head: DSparkHead, path: Path) -> None:
-    mx.save_safetensors(str(path), dict(tree_flatten(head.parameters())), metadata={"format": "mlx"})
+def _save_head(head: DSparkHead, path: Path, dtype: str = "float32") -> None:
+    weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(head.parameters())}
+    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
 
 
 def native_config(c: DSparkConfig, target: Target) -> dict:
@@ -251,17 +280,24 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), disable=not progress) as bar:
         task = bar.add_task("distill", total=cfg.steps, completed=step)
         while step < cfg.steps:
+            if cfg.minutes and time.perf_counter() - t0 > 60 * cfg.minutes:
+                say(f"time budget of {cfg.minutes} min reached at step {step}")
+                break
             row = data[rng.randrange(len(data))]
-            lo, hi = max(1, row["prompt_len"] - 1), len(row["ids"]) - 2
+            seq = row["ids"][-cfg.max_len :]  # keep the continuation; cut the prompt's start
+            prompt_len = max(1, row["prompt_len"] - (len(row["ids"]) - len(seq)))
+            lo, hi = max(1, prompt_len - 1), len(seq) - 2
             if hi <= lo:
                 continue
             # Pad to a multiple of PAD_TO so the target and head see few distinct shapes: on
             # CUDA every new shape compiles its kernels first.
-            length = len(row["ids"])
-            ids = mx.array(row["ids"] + [row["ids"][-1]] * (-length % PAD_TO), dtype=mx.uint32)
+            length = len(seq)
+            ids = mx.array(seq + [seq[-1]] * (-length % PAD_TO), dtype=mx.uint32)
             taps = target.forward(ids, target.make_cache(), taps=c.target_layer_ids, last_only=True).taps
             taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
-            anchors = mx.array(sorted(rng.sample(range(lo, hi), min(cfg.anchors, hi - lo))), dtype=mx.int32)
+            # Always cfg.anchors anchors (repeats when the sequence is short): one more fixed shape.
+            picks = rng.sample(range(lo, hi), cfg.anchors) if hi - lo >= cfg.anchors else [rng.randrange(lo, hi) for _ in range(cfg.anchors)]
+            anchors = mx.array(sorted(picks), dtype=mx.int32)
             loss, grads = loss_and_grad(head, taps_cat, ids, anchors, length)
             optimizer.update(head, grads)
             mx.eval(head.parameters(), optimizer.state, loss)
@@ -279,9 +315,16 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
                 mx.save_safetensors(str(ckpt / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
                 state_file.write_text(json.dumps({"step": step}))
     log.close()
-    _save_head(head, out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps(native_config(c, target), indent=2))
+    _save_head(head, ckpt / "head.safetensors")
+    mx.save_safetensors(str(ckpt / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+    state_file.write_text(json.dumps({"step": step}))
     final = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    if final and "mean_accept_len" not in final[-1]:  # stopped by the time budget: measure the head as saved
+        final[-1]["mean_accept_len"] = evaluate(target, tokenizer, head, held, cap)
+        say(f"step {step}: held-out mean accept length {final[-1]['mean_accept_len']:.2f} at cap {cap}")
+        (out / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in final))
+    _save_head(head, out / "model.safetensors", cfg.save_dtype)
+    (out / "config.json").write_text(json.dumps(native_config(c, target), indent=2))
     accept = next((e["mean_accept_len"] for e in reversed(final) if "mean_accept_len" in e), None)
     write_model_card(out, cfg, c, data, held, final, accept, cap)
     return out
