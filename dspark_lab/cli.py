@@ -465,6 +465,7 @@ def distill(
     max_len: Annotated[int, typer.Option(help="Cut training sequences to this many tokens (the continuation is kept).")] = 512,
     minutes: Annotated[float, typer.Option(help="Stop training after this many minutes (0: run all --steps); the head is saved and measured either way.")] = 0.0,
     save_dtype: Annotated[str, typer.Option(help="dtype of the saved head: bfloat16, float16 or float32.")] = "bfloat16",
+    slot_decay: Annotated[float, typer.Option(help="Loss weight of block slot k is slot_decay**k (early drafts decide acceptance).")] = 0.8,
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
 ):
     """Train a DSpark head for a model that has none, on the model's own outputs (MLX: Metal, CUDA or, slowly, CPU)."""
@@ -472,7 +473,7 @@ def distill(
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, prompts=prompts,
                         tokens=tokens, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, held_out=held_out, eval_every=eval_every,
-                        batch=batch, max_len=max_len, minutes=minutes, save_dtype=save_dtype, command="dspark-lab " + " ".join(sys.argv[1:]))
+                        batch=batch, max_len=max_len, minutes=minutes, save_dtype=save_dtype, slot_decay=slot_decay, command="dspark-lab " + " ".join(sys.argv[1:]))
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     out.print(f"head written to {path}; try: dspark-lab generate -m {model} -d {path} --mode dspark")
 

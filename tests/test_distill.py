@@ -142,3 +142,16 @@ def test_batched_data_are_the_targets_greedy_continuations(tiny_dirs, trained):
         prompt = row["ids"][: row["prompt_len"]]
         ref = greedy_generate(target, tok, prompt, max_new_tokens=len(row["ids"]) - row["prompt_len"])
         assert row["ids"][row["prompt_len"] :] == ref.token_ids[: len(row["ids"]) - row["prompt_len"]]
+
+
+def test_a_larger_token_budget_tops_up_the_data_with_unused_prompts(tiny_dirs, tmp_path):
+    out = tmp_path / "head"
+    distill(config(tiny_dirs["qwen3"], out, steps=2, eval_every=100, tokens=40, batch=4), progress=False, say=lambda m: None)
+    first = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    said = []
+    distill(config(tiny_dirs["qwen3"], out, steps=4, eval_every=100, tokens=200, batch=4), resume=True, progress=False, say=said.append)
+    rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    assert rows[: len(first)] == first and len(rows) > len(first)
+    keys = [(r["set"], r["prompt_id"]) for r in rows]
+    assert len(keys) == len(set(keys))  # no prompt continued twice
+    assert any("reusing" in m for m in said)

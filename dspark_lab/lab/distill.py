@@ -62,6 +62,7 @@ class DistillConfig:
     max_len: int = 512  # training sequences are cut to this many tokens (few shapes to compile)
     minutes: float = 0.0  # > 0: stop training after this long (then save as at the last step)
     save_dtype: str = "bfloat16"  # dtype of the saved head (float32 doubles its size)
+    slot_decay: float = 0.8  # weight of block slot k in the loss is slot_decay**k (early slots decide acceptance)
     taps: list[int] | None = None
     mask_token_id: int | None = None
     seed: int = 0
@@ -75,6 +76,8 @@ class DistillConfig:
             raise InputError("--block must be >= 2 (an anchor and at least one mask slot).")
         if self.batch < 1 or self.max_len < 2 * PAD_TO or self.minutes < 0:
             raise InputError(f"--batch must be >= 1, --max-len >= {2 * PAD_TO} and --minutes >= 0.")
+        if not 0 < self.slot_decay <= 1:
+            raise InputError(f"--slot-decay must be in (0, 1], got {self.slot_decay}.")
         if self.save_dtype not in ("bfloat16", "float16", "float32"):
             raise InputError(f"--save-dtype must be bfloat16, float16 or float32, got {self.save_dtype!r}.")
         if self.markov_rank < 0 or self.lr <= 0:
@@ -117,13 +120,16 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
     if not train_prompts:
         raise InputError(f"no training prompts left after holding out {cfg.held_out} per set; add prompts or lower --held-out.")
     path = Path(cfg.out) / "data.jsonl"
-    if path.exists():
-        data = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if data:
-            say(f"reusing {len(data)} sequences from {path}")
+    data = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    made = sum(len(d["ids"]) - d["prompt_len"] for d in data)
+    if data:
+        say(f"reusing {len(data)} sequences ({made} continuation tokens) from {path}")
+        if made >= cfg.tokens:
             return data, held
-    data, made = [], 0
-    with path.open("w") as f:
+        # Top up a smaller earlier run with the prompts it has not continued yet.
+        seen = {(d["set"], d["prompt_id"]) for d in data}
+        train_prompts = [(s, p) for s, p in train_prompts if (s.name, p.id) not in seen]
+    with path.open("a") as f:
         def keep(s, p, ids, out, how):
             nonlocal made
             row = {"ids": ids + out, "prompt_len": len(ids), "set": s.name, "set_version": s.version,
@@ -150,6 +156,8 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
             say(f"data: {made}/{cfg.tokens} continuation tokens in {len(data)} sequences")
         if made == 0:
             raise InputError("the target produced no continuation tokens for any prompt.")
+        if made < cfg.tokens:
+            say(f"every prompt is continued once: {made} of the {cfg.tokens} tokens asked for; add prompts for more")
     say(f"generated {made} continuation tokens in {len(data)} sequences")
     return data, held
 
@@ -190,8 +198,10 @@ def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, toke
     return head.norm(h)
 
 
-def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None):
-    """Mean cross-entropy of every block slot's prediction (slot k: the token k+1 after the anchor).
+def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None, slot_decay: float = 1.0):
+    """Mean cross-entropy of every block slot's prediction (slot k: the token k+1 after the anchor),
+    slot k weighted by slot_decay**k: a draft is accepted only up to its first miss, so the early
+    slots are worth more than the late ones.
 
     `tokens` may be padded past `length` (the real sequence length): padding is never a target,
     and no anchor's context reaches it (context rows are those before the anchor)."""
@@ -206,7 +216,8 @@ def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, toke
         prev = tokens[mx.minimum(pos, L - 1)]
         logits = logits + head.markov_head.markov_w2(head.markov_head.markov_w1(prev))
     ce = nn.losses.cross_entropy(logits, targets, reduction="none")
-    return (ce * valid).sum() / mx.maximum(valid.sum(), 1)
+    weight = valid * (slot_decay ** mx.arange(bs, dtype=mx.float32))[None]
+    return (ce * weight).sum() / mx.maximum(weight.sum(), 1e-6)
 
 
 def _save_head(head: DSparkHead, path: Path, dtype: str = "float32") -> None:
@@ -272,7 +283,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     elif resume:
         say("no checkpoint to resume from: starting at step 0")
     mx.eval(head.parameters())
-    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n: block_loss(h, c, target.embed, target.head_logits, t, x, a, n))
+    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n: block_loss(h, c, target.embed, target.head_logits, t, x, a, n, cfg.slot_decay))
     log = (out / "train_log.jsonl").open("a")
     cap = min(c.max_drafts, 7)
     rng = __import__("random").Random(cfg.seed + step)
