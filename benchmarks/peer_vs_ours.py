@@ -35,11 +35,16 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 import traceback
+from pathlib import Path
 
-import mlx.core as mx
-from mlx.utils import tree_flatten
+# Benchmark the checkout this file lives in, not whatever dspark_lab is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 
 PROMPTS = {
     "code": "Write a Python function that checks whether a string is a palindrome, with a docstring and three doctest examples.",
@@ -52,8 +57,12 @@ PROMPTS = {
 class Run:
     """One timed generation: tokens (EOS removed), decode tok/s, wall seconds, accept length."""
 
-    def __init__(self, tokens, tok_s, wall_s, accept=None):
-        self.tokens, self.tok_s, self.wall_s, self.accept = tokens, tok_s, wall_s, accept
+    def __init__(self, tokens, tok_s, wall_s, accept=None, max_tokens=None):
+        # An engine may commit past max_new_tokens in its last round (mlx-dspark 0.20.3 does, by
+        # one token): identity is judged on the first max_tokens, the rate on all it produced.
+        self.overshoot = max(0, len(tokens) - max_tokens) if max_tokens else 0
+        self.tokens = tokens[:max_tokens] if max_tokens else tokens
+        self.tok_s, self.wall_s, self.accept = tok_s, wall_s, accept
 
 
 def _strip_eos(tokens, eos):
@@ -101,18 +110,25 @@ def our_spec_arm(target, tokenizer, head, ids, max_tokens, cap, eos):
 
 
 class Peer:
-    """mlx-dspark through its Python API: its Target wraps our already-loaded mlx-lm model (same
-    weights in memory), its own loader reads the head (4-bit, group 64: as ours does)."""
+    """mlx-dspark through its Python API. By default its Target wraps our already-loaded mlx-lm
+    model (the same weights in memory); `own_target` loads the target with its own loader
+    instead. Its own loader reads the head (4-bit, group 64 by default: as ours does)."""
 
-    def __init__(self, model, tokenizer, head_dir, bits):
+    def __init__(self, model, tokenizer, head_dir, bits, model_dir=None, own_target=False):
         import mlx_dspark
-        from mlx_dspark.load import load_drafter
+        from mlx_dspark.load import load_drafter, load_target
         from mlx_dspark.target import Target as PeerTarget
 
         self.version = getattr(mlx_dspark, "__version__", "?")
         self.generate = mlx_dspark.speculative_generate
-        self.target = PeerTarget(model, tokenizer)
-        self.target.verify_tap()  # the peer's own check that its tap reproduces the model's forward
+        if own_target:
+            self.target, tokenizer = load_target(str(model_dir), require_tap=True)
+            self.setup = "target: mlx_dspark.load.load_target(require_tap=True), its own copy"
+        else:
+            self.target = PeerTarget(model, tokenizer)
+            self.target.verify_tap()  # the peer's own check that its tap reproduces the model's forward
+            self.setup = "target: mlx_dspark.target.Target over our loaded mlx-lm model (shared weights), verify_tap passed"
+        self.setup += f"; head: mlx_dspark.load.load_drafter({'bits=%d' % bits if bits < 16 else 'quantize=False'})"
         self.drafter, self.config = load_drafter(str(head_dir), quantize=bits < 16, bits=min(bits, 8))
         self.tokenizer = tokenizer
         self.max_draft = int(getattr(self.drafter, "max_draft", self.config.block_size))
@@ -126,10 +142,10 @@ class Peer:
         # Its mean_accept_len counts the prefill's token over the rounds; ours is the mean of the
         # per-round commits, which its accept_lengths also hold.
         accept = statistics.mean(r.accept_lengths) if r.accept_lengths else None
-        return Run(_strip_eos(r.token_ids, eos), _decode_rate(r.num_tokens, decode_s), wall, accept)
+        return Run(_strip_eos(r.token_ids, eos), _decode_rate(r.num_tokens, decode_s), wall, accept, max_tokens)
 
 
-def load_peer(model, tokenizer, head_dir, bits):
+def load_peer(model, tokenizer, head_dir, bits, model_dir=None, own_target=False):
     """(Peer or None, reason string or None)."""
     try:
         import mlx_dspark  # noqa: F401
@@ -138,7 +154,7 @@ def load_peer(model, tokenizer, head_dir, bits):
     except Exception as e:  # noqa: BLE001 - an import that crashes is a finding, not a failure
         return None, f"import failed: {type(e).__name__}: {e}"
     try:
-        return Peer(model, tokenizer, head_dir, bits), None
+        return Peer(model, tokenizer, head_dir, bits, model_dir, own_target), None
     except Exception as e:  # noqa: BLE001
         return None, f"load failed: {type(e).__name__}: {e}"
 
@@ -189,6 +205,8 @@ def parse_args(argv=None):
     ap.add_argument("--draft-model", help="small model for mlx-lm's own draft-model speculative decoding")
     ap.add_argument("--copy-mib", type=int, default=1024, help="array size for the bandwidth measurement")
     ap.add_argument("--no-peer", action="store_true", help="skip the peer arms (recorded as skipped)")
+    ap.add_argument("--peer-own-target", action="store_true",
+                    help="let the peer load the target with its own loader (a second copy) instead of sharing ours")
     ap.add_argument("--json", help="write the full result here")
     ap.add_argument("--smoke", action="store_true",
                     help="self-check on a tiny random target and head built in a temp dir (any device): one prompt, "
@@ -242,7 +260,8 @@ def run(args) -> dict:
     eos = {int(t) for t in getattr(tok, "eos_token_ids", None) or []}
     max_caps = int(head.config.max_drafts)
     draft_model = mlx_lm_load(args.draft_model)[0] if args.draft_model else None
-    peer, peer_error = (None, "skipped (--no-peer)") if args.no_peer else load_peer(target.model, tok, args.drafter, args.drafter_bits)
+    peer, peer_error = (None, "skipped (--no-peer)") if args.no_peer else load_peer(
+        target.model, tok, args.drafter, args.drafter_bits, args.model, args.peer_own_target)
     load_s = time.perf_counter() - t_load
 
     arms = {
@@ -313,6 +332,7 @@ def run(args) -> dict:
                 "identical_to_greedy": last.tokens == ref,
                 "mismatches": mismatches(ref, last.tokens),
                 "consistent_across_repeats": all(r.tokens == last.tokens for r in rs),
+                "overshoot_tokens": last.overshoot,
             }
         rows.append(row)
 
@@ -346,7 +366,8 @@ def run(args) -> dict:
         "max_new_tokens": args.max_new_tokens, "caps": caps, "repeats": args.repeats, "drafter_bits": args.drafter_bits,
         "device": str(mx.default_device()), "device_info": _device_info(), "platform": platform.platform(),
         "mlx": mx.__version__, "mlx_lm": _version("mlx_lm"), "peer_version": peer.version if peer else None,
-        "peer_error": peer_error, "arm_errors": errors, "load_seconds": round(load_s, 1),
+        "peer_error": peer_error,
+        "peer_setup": peer.setup if peer else None, "arm_errors": errors, "load_seconds": round(load_s, 1),
         "warmup_seconds": round(warmup_s, 1), "weight_bytes": int(weight_bytes), "kv_bytes_per_position": int(kv_per_pos),
         "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2), "copy_mib": args.copy_mib,
         "arms_not_identical": total_mismatched, "rows": rows,
@@ -376,7 +397,8 @@ def print_table(result):
             acc = f"{v['mean_accept']:.2f}" if v["mean_accept"] is not None else "-"
             vp = f"{v['vs_best_peer']:.3f}" if v["vs_best_peer"] is not None else "-"
             print(f"  {a:16} {v['tok_s']:9.1f} {v['vs_greedy']:9.3f} {vp:>7} {acc:>7} {v['fraction_of_limit']:8.3f} "
-                  f"{v['identical_to_greedy']} ({v['mismatches']})")
+                  f"{v['identical_to_greedy']} ({v['mismatches']})"
+                  + (f" +{v['overshoot_tokens']} past max" if v["overshoot_tokens"] else ""))
         for k in result["caps"]:
             if f"ours_vs_peer@{k}" in row:
                 print(f"  ours/peer at cap {k}: {row[f'ours_vs_peer@{k}']:.3f}")
