@@ -169,7 +169,9 @@ def _batch_greedy(target: Target, tokenizer, prompts: list[list[int]], max_new_t
     reference for losslessness."""
     from mlx_lm.generate import batch_generate
 
-    r = batch_generate(target.model, tokenizer, prompts, max_tokens=max_new_tokens, return_token_ids=True)
+    # All prompts decode together (mlx-lm would otherwise cap the decode batch at 32).
+    r = batch_generate(target.model, tokenizer, prompts, max_tokens=max_new_tokens, return_token_ids=True,
+                       completion_batch_size=len(prompts), prefill_batch_size=min(len(prompts), 16))
     return [list(ids) for ids in r.token_ids]
 
 
