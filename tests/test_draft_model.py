@@ -261,3 +261,16 @@ def test_cli_calibrate_draft_mode(tiny_dirs, draft_dirs, tmp_path):
                             "--db", str(tmp_path / "r.duckdb"), "--repeats", "1", "--max-draft", "3"])
     assert r.exit_code == 0, r.output
     assert "cost curves" in r.output and "static cap" in r.output
+
+
+def test_a_registry_entry_in_draft_mode_points_at_draft_mode(tiny_dirs, draft_dirs, tmp_path):
+    """A draft model is not a head: load_pair must not hand it to the head loaders."""
+    import json
+
+    from dspark_lab import load_pair
+
+    reg = tmp_path / "registry.json"
+    reg.write_text(json.dumps({"pairs": [{"target": str(tiny_dirs["qwen3"]), "drafter": str(draft_dirs["noisy"]), "mode": "draft",
+                                          "cap": 4, "speedup": 1.5}]}))
+    with pytest.raises(LoadError, match="use --mode draft --draft-model"):
+        load_pair(tiny_dirs["qwen3"], registry=reg)
