@@ -3,12 +3,13 @@
 __version__ = "0.1.0"
 
 from .engine import (  # noqa: E402
-    GenResult, PairConfig, SamplingParams, Target, dflash_generate, greedy_generate, load_dflash_pair, load_pair,
-    load_target, lookup_generate, speculative_generate,
+    GenResult, PairConfig, SamplingParams, Target, dflash_generate, draft_model_generate, greedy_generate, load_dflash_pair,
+    load_draft_pair, load_pair, load_target, lookup_generate, speculative_generate,
 )
 from .errors import DsparkError, InputError, LoadError  # noqa: E402
 
 __all__ = [
     "DsparkError", "GenResult", "InputError", "LoadError", "SamplingParams", "Target",
-    "PairConfig", "dflash_generate", "greedy_generate", "load_dflash_pair", "load_pair", "load_target", "lookup_generate", "speculative_generate",
+    "PairConfig", "dflash_generate", "draft_model_generate", "greedy_generate", "load_dflash_pair", "load_draft_pair", "load_pair",
+    "load_target", "lookup_generate", "speculative_generate",
 ]

@@ -50,10 +50,12 @@ class Mode(str, Enum):
     lookup = "lookup"
     dspark = "dspark"
     dflash = "dflash"
+    draft = "draft"
     auto = "auto"
 
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
+DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (mode draft), directory or repo id.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
@@ -62,10 +64,11 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
-    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dflash: a DFlash / DFlash 2 head (--drafter); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
+    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head directory or repo id.")] = None,
+    draft_model: DraftModelOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
-    max_draft: Annotated[Optional[str], typer.Option(help="Most tokens drafted per round (lookup default 8; dspark default 2, at most the head's block size), or 'auto': a live cap controller on this machine's calibrated cost curves.")] = None,
+    max_draft: Annotated[Optional[str], typer.Option(help="Most tokens drafted per round (lookup default 8; dspark default 2, at most the head's block size; draft default 4), or 'auto': a live cap controller on this machine's calibrated cost curves.")] = None,
     db: Annotated[Path, typer.Option(help="Results database holding calibration curves (used by --max-draft auto).")] = Path("results.duckdb"),
     drafter_bits: Annotated[int, typer.Option(help="Quantize the drafter's weights at load: 4, 8, or 16 (float).")] = 4,
     drafter_window: Annotated[int, typer.Option(help="Context positions the drafter attends to.")] = 4096,
@@ -82,7 +85,7 @@ def generate(
     trust_remote_code: TrustOpt = False,
 ):
     """Generate text from a prompt, streaming committed text, then print accept length and speed."""
-    from .engine import greedy_generate, load_pair, load_target, lookup_generate, speculative_generate
+    from .engine import draft_model_generate, greedy_generate, load_pair, load_target, lookup_generate, speculative_generate
 
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                   stop=stop, apply_chat_template=chat_template, on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
@@ -97,6 +100,10 @@ def generate(
         max_draft = None
     if mode in (Mode.dspark, Mode.dflash) and drafter is None:
         raise DsparkError(f"--mode {mode.value} needs --drafter DIR (a head for this model); or use --mode auto or lookup.")
+    if mode is Mode.draft and draft_model is None:
+        raise DsparkError("--mode draft needs --draft-model DIR (a small model with this model's tokenizer); or use --mode lookup, which needs none.")
+    if draft_model is not None and mode is not Mode.draft:
+        raise DsparkError(f"--draft-model is only used by --mode draft (this run is --mode {mode.value}); add --mode draft or drop --draft-model.")
     if mode is Mode.auto and drafter is None:
         from .lab.device import collect_device_stamp, machine_class
 
@@ -120,19 +127,26 @@ def generate(
         target, tokenizer, head, pair = load_dflash_pair(model, drafter, drafter_bits=drafter_bits, drafter_window=drafter_window,
                                                           max_draft_tokens=max_draft, **load_opts)
         max_draft = pair.max_draft_tokens
+    if mode is Mode.draft:
+        from .engine import load_draft_pair
+
+        target, tokenizer, head, pair = load_draft_pair(model, draft_model, max_draft_tokens=max_draft, **load_opts)
+        max_draft = pair.max_draft_tokens
     if mode in (Mode.baseline, Mode.lookup):
         target, tokenizer = load_target(model, **load_opts)
     controller = None
-    if auto_cap and mode in (Mode.dspark, Mode.dflash, Mode.lookup):
+    if auto_cap and mode in (Mode.dspark, Mode.dflash, Mode.lookup, Mode.draft):
         from .db import open_db
         from .lab.calibrate import calibrate as run_calibration
 
         err.print("[dim]--max-draft auto: calibrating this pair on this machine (stored curves are reused)...[/]")
         controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
-                                                drafter_id=drafter, db=open_db(db))
+                                                drafter_id=draft_model if mode is Mode.draft else drafter, db=open_db(db))
     if mode in (Mode.dspark, Mode.dflash):
         result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
                                       confidence_threshold=confidence_threshold, cap_controller=controller, **common)
+    elif mode is Mode.draft:
+        result = draft_model_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, cap_controller=controller, **common)
     elif mode is Mode.lookup:
         result = lookup_generate(target, tokenizer, prompt, max_draft_tokens=max_draft or 8, cap_controller=controller, **common)
     else:
@@ -150,6 +164,7 @@ def generate(
 class CalMode(str, Enum):
     dspark = "dspark"
     dflash = "dflash"
+    draft = "draft"
     lookup = "lookup"
 
 
@@ -158,11 +173,12 @@ class CalMode(str, Enum):
 def calibrate(
     model: ModelOpt,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark head (needed for --mode dspark).")] = None,
-    mode: Annotated[CalMode, typer.Option(help="What to calibrate: a DSpark pair, or lookup decoding.")] = CalMode.dspark,
+    draft_model: DraftModelOpt = None,
+    mode: Annotated[CalMode, typer.Option(help="What to calibrate: a DSpark or DFlash pair (--drafter), a draft model (--draft-model), or lookup decoding.")] = CalMode.dspark,
     db: Annotated[Path, typer.Option(help="Results database (DuckDB) where curves are stored and reused.")] = Path("results.duckdb"),
     recalibrate: Annotated[bool, typer.Option(help="Measure again even when stored curves match this machine and pair.")] = False,
     repeats: Annotated[int, typer.Option(help="Timed repeats per point (after a warm-up).")] = 5,
-    max_draft: Annotated[Optional[int], typer.Option(help="Largest cap to measure (default: the head's block size; 8 for lookup).")] = None,
+    max_draft: Annotated[Optional[int], typer.Option(help="Largest cap to measure (default: the head's block size; 8 for lookup and draft).")] = None,
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     validate_caps: Annotated[bool, typer.Option("--validate", help="Also run the pair at every cap on built-in code prompts: predicted vs measured round time, and whether the controller's cap is within 5% of the best.")] = False,
     kv_bits: Annotated[Optional[int], typer.Option(help="Quantize the KV cache to this many bits.")] = None,
@@ -178,7 +194,14 @@ def calibrate(
     from .lab.calibrate import CalibrationPlan, calibrate as run_calibration, validate
     from .lab.controller import static_cap
 
-    if mode is not CalMode.lookup:
+    if mode is CalMode.draft:
+        from .engine import load_draft_pair
+
+        if draft_model is None:
+            raise DsparkError("--mode draft needs --draft-model DIR (a small model with this model's tokenizer).")
+        target, tokenizer, head, _ = load_draft_pair(model, draft_model, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code)
+        drafter = draft_model
+    elif mode is not CalMode.lookup:
         if drafter is None:
             raise DsparkError(f"--mode {mode.value} needs --drafter DIR; use --mode lookup to calibrate lookup decoding.")
         from .engine import load_dflash_pair
@@ -189,7 +212,7 @@ def calibrate(
         (target, tokenizer), head = load_target(model, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code), None
     if repeats < 1:
         raise DsparkError(f"--repeats must be >= 1, got {repeats}.")
-    max_cap = max_draft or (head.config.max_drafts if head is not None else 8)
+    max_cap = max_draft or (head.config.max_drafts if head is not None and mode is not CalMode.draft else 8)
     plan = CalibrationPlan(max_cap=max_cap, repeats=repeats)
     engine = open_db(db)
     with Progress(console=err, transient=True) as bar:
@@ -234,7 +257,8 @@ def _csv(value: str) -> list[str]:
 def sweep(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
     drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dflash (the baseline always runs). Default: lookup, plus dspark and dflash when drafters are given (each head runs in the mode it loads as).")] = None,
+    draft_model: Annotated[Optional[list[str]], typer.Option("--draft-model", help="Draft model for mode draft (repeatable); each is paired with every model whose tokenizer it shares.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dflash, draft (the baseline always runs). Default: lookup, plus dspark and dflash when drafters are given (each head runs in the mode it loads as), plus draft when draft models are given.")] = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
@@ -259,8 +283,8 @@ def sweep(
     else:
         if not model:
             raise DsparkError("sweep needs --model (or --grid FILE).")
-        mode_list = _csv(modes) if modes else (["lookup", "dspark", "dflash"] if drafter else ["lookup"])
-        cfg = SweepConfig(models=model, drafters=drafter or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
+        mode_list = _csv(modes) if modes else (["lookup"] + (["dspark", "dflash"] if drafter else []) + (["draft"] if draft_model else []))
+        cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype)
     def event(msg: str) -> None:
@@ -341,7 +365,8 @@ def export(
 @friendly_errors
 def benchmark(
     model: ModelOpt,
-    drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head; without one, lookup decoding is measured.")] = None,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head; without one (and without --draft-model), lookup decoding is measured.")] = None,
+    draft_model: DraftModelOpt = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
     prompts: Annotated[str, typer.Option(help="Prompt sets (as for sweep).")] = "code,math,chat",
@@ -359,8 +384,10 @@ def benchmark(
     from .lab.results import export_run
     from .lab.sweep import SweepConfig, run_sweep
 
-    modes = ["baseline", "dspark", "dflash"] if drafter else ["baseline", "lookup"]
-    cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
+    modes = ["baseline"] + (["dspark", "dflash"] if drafter else []) + (["draft"] if draft_model else [])
+    if len(modes) == 1:  # nothing to pair with: measure lookup, which needs no drafter
+        modes.append("lookup")
+    cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype)
     rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith("stored") else err.print(f"[dim]{m}[/]", highlight=False))
     engine = open_db(db)

@@ -106,11 +106,14 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 384):
 
 
 def build_tiny_model(out_dir: str | Path, family: str = "qwen3", *, num_layers: int = 2, seed: int = 0,
-                     init_scale: float = 1.0, **overrides) -> Path:
+                     init_scale: float = 1.0, tokenizer_from: str | Path | None = None, tokenizer_vocab: int = 384,
+                     **overrides) -> Path:
     """Write a random `family` model with a trained tokenizer to `out_dir`; returns the path.
 
     `init_scale` multiplies every weight matrix: a larger scale gives peakier logits, so greedy
-    decoding settles into repeating patterns the way real models do on copy-heavy text."""
+    decoding settles into repeating patterns the way real models do on copy-heavy text.
+    `tokenizer_from` copies another tiny model's tokenizer instead of training one (a draft
+    model must share its target's); `tokenizer_vocab` sizes a trained one."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_map
     from mlx_lm.utils import _get_classes
@@ -118,7 +121,14 @@ def build_tiny_model(out_dir: str | Path, family: str = "qwen3", *, num_layers: 
     if family not in FAMILY_CONFIGS:
         raise ValueError(f"unknown tiny family {family!r}; choose from {', '.join(FAMILY_CONFIGS)}")
     out = Path(out_dir)
-    tokenizer = build_tokenizer(out)
+    if tokenizer_from is not None:
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_from))
+        out.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(str(out))
+    else:
+        tokenizer = build_tokenizer(out, vocab_size=tokenizer_vocab)
     config = dict(FAMILY_CONFIGS[family], num_hidden_layers=num_layers, vocab_size=len(tokenizer),
                   eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
     config.update(overrides)

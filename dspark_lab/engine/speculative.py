@@ -1,4 +1,5 @@
-"""Speculative decoding with a model drafter: `load_pair` and `speculative_generate`."""
+"""Speculative decoding with a model drafter: a head (`load_pair`, `speculative_generate`) or a
+small language model sharing the target's tokenizer (`load_draft_pair`, `draft_model_generate`)."""
 
 from __future__ import annotations
 
@@ -152,6 +153,12 @@ def load_pair(
                 f"the registry's best measured mode for {str(model)!r} is {entry.get('mode')!r}, which needs no drafter "
                 f"({entry.get('speedup')}x on {entry.get('machine') or entry.get('device')}): use --mode lookup, or pass drafter=."
             )
+        if entry.get("mode") == "draft":
+            # A draft model is not a head: it loads through load_draft_pair, not the head loaders.
+            raise LoadError(
+                f"the registry's best measured mode for {str(model)!r} is draft with the draft model {entry['drafter']!r}: "
+                f"use --mode draft --draft-model {entry['drafter']} (load_draft_pair), or pass drafter= with a head."
+            )
         drafter, source, mode = entry["drafter"], "registry", entry.get("mode", "dspark")
         cap = entry.get("cap")
         if max_draft_tokens is None and isinstance(cap, int):
@@ -216,3 +223,93 @@ def load_dflash_pair(
     """Load a target and its DFlash / DFlash 2 head -> (target, tokenizer, drafter, PairConfig)."""
     return _load_head_pair(model, drafter, "dflash", drafter_bits=drafter_bits, drafter_window=drafter_window,
                            max_draft_tokens=max_draft_tokens, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
+
+
+# --- a small language model as the drafter ---------------------------------------------------------
+
+DEFAULT_DRAFT_MODEL_CAP = 4
+
+# Strings both tokenizers must encode to the same ids: prose, code, digits, whitespace runs,
+# accents, CJK and an emoji (byte fallback), and the chat markers most templates use.
+TOKENIZER_PROBES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "def f(x):\n    return x * 2  # double\n",
+    " 12345 + 67890 = 80235",
+    "na\u00efve caf\u00e9, \u00fcber, se\u00f1or",
+    "\u6771\u4eac\u3068\u5317\u4eac \U0001f642",
+    "<|im_start|>user\nhi<|im_end|>\n",
+)
+
+
+def _tokenizer_len(tokenizer) -> int:
+    """Token ids the tokenizer can produce, added tokens included (mlx-lm wraps the HF one)."""
+    return len(getattr(tokenizer, "_tokenizer", tokenizer))
+
+
+def check_same_tokenizer(tokenizer, draft_tokenizer, drafter: Target, *, model: str = "target", draft_model: str = "draft model") -> None:
+    """Refuse a drafter whose tokenizer is not the target's: its drafts would be ids of other
+    text. Embedding shapes are not compared (same-tokenizer models often pad their embedding
+    matrices differently); the tokenizers are: their size, and the ids of probe strings."""
+    fix = "Pick a draft model from the target's family that shares its tokenizer (e.g. Qwen2.5-0.5B-Instruct for Qwen2.5-7B-Instruct)."
+    n, m = _tokenizer_len(tokenizer), _tokenizer_len(draft_tokenizer)
+    if n != m:
+        raise LoadError(f"draft model {draft_model!r} has a tokenizer of {m} tokens but {model!r} has {n}: "
+                        f"the drafter must use the target's tokenizer. {fix}")
+    for probe in TOKENIZER_PROBES:
+        a, b = list(tokenizer.encode(probe)), list(draft_tokenizer.encode(probe))
+        if a != b:
+            raise LoadError(f"draft model {draft_model!r} tokenizes {probe!r} differently from {model!r} ({b[:8]} vs {a[:8]}): "
+                            f"the drafter must use the target's tokenizer. {fix}")
+    if drafter.vocab_size < n:
+        raise LoadError(f"draft model {draft_model!r} embeds only {drafter.vocab_size} token ids but the tokenizer has {n}; "
+                        f"its weights do not cover the tokenizer. {fix}")
+
+
+def load_draft_pair(
+    model: str | os.PathLike,
+    draft_model: str | os.PathLike,
+    *,
+    max_draft_tokens: int | None = None,
+    trust_remote_code: bool = False,
+    kv_bits: int | None = None,
+    dtype: str | None = None,
+):
+    """Load a target and a small draft model with the same tokenizer -> (target, tokenizer,
+    drafter, PairConfig); the drafter is a `Target` too. `kv_bits` quantizes the target's
+    cache only (the drafter's is small); `dtype` casts both."""
+    target, tokenizer = load_target(model, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
+    drafter, draft_tokenizer = load_target(draft_model, trust_remote_code=trust_remote_code, dtype=dtype)
+    check_same_tokenizer(tokenizer, draft_tokenizer, drafter, model=str(model), draft_model=str(draft_model))
+    cap = max_draft_tokens or DEFAULT_DRAFT_MODEL_CAP
+    return target, tokenizer, drafter, PairConfig(str(model), str(draft_model), "draft", cap, "user")
+
+
+def draft_model_generate(
+    target: Target,
+    tokenizer,
+    drafter: Target,
+    prompt: str | Sequence[int] | list[dict],
+    *,
+    max_new_tokens: int = 256,
+    max_draft_tokens: int = DEFAULT_DRAFT_MODEL_CAP,
+    cap_controller=None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] | str | None = None,
+    on_text: Callable[[str], None] | None = None,
+    apply_chat_template: bool = True,
+) -> GenResult:
+    """Speculative decoding with a small draft model (same tokenizer as the target): each round
+    it drafts up to `max_draft_tokens` (or what `cap_controller` chooses, at most that) one by
+    one, and the target verifies them in one forward. Output is the target's own greedy
+    tokens, or an exact sample of the target at temperature > 0."""
+    from .drafters.draft_model import DraftModelSource
+
+    params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
+    if not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
+        raise InputError(f"max_draft_tokens must be >= 1 for a draft model, got {max_draft_tokens!r}.")
+    cap, on_round = cap_schedule(cap_controller, max_draft_tokens, max_draft_tokens)
+    return speculative_loop(target, prompt_ids, params, DraftModelSource(drafter, target.vocab_size), max_new_tokens=max_new_tokens,
+                            cap=cap, stream=TextStream(tokenizer, stop, on_text), mode="draft", on_round=on_round)

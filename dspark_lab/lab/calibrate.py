@@ -24,7 +24,12 @@ from ..engine.text import TextStream
 from .controller import DEFAULT_ACCEPTANCE, CapController
 from .curves import CostCurves, Point
 
-MODES = ("dspark", "lookup", "dflash")
+MODES = ("dspark", "lookup", "dflash", "draft")
+
+
+def _is_draft_model(drafter) -> bool:
+    """A draft model is a plain `Target` (mode draft); a head has taps and a config."""
+    return isinstance(drafter, Target)
 
 
 class _NoText:
@@ -75,9 +80,13 @@ def _timed(fn: Callable[[], object]) -> float:
 
 
 def measure_curves(target: Target, drafter=None, *, plan: CalibrationPlan, progress: Callable[[str], None] | None = None) -> CostCurves:
-    """Measure verify(w), drafter(c), the per-round overhead and the depth slope."""
+    """Measure verify(w), drafter(c), the per-round overhead and the depth slope. `drafter`
+    is a head, a draft model (a `Target`) or None (lookup)."""
+    from ..engine.drafters.draft_model import DraftModelSource
+
     say = progress or (lambda _msg: None)
-    taps = drafter.target_layer_ids if drafter is not None else ()
+    draft_model = _is_draft_model(drafter)
+    taps = drafter.target_layer_ids if drafter is not None and not draft_model else ()
     vocab = target.vocab_size
     ids = mx.random.randint(0, max(2, vocab - 2), (plan.long_ctx + plan.max_cap + 2,), key=mx.random.key(0)).astype(mx.uint32)
     params = SamplingParams()
@@ -112,7 +121,25 @@ def measure_curves(target: Target, drafter=None, *, plan: CalibrationPlan, progr
     verify = verify_points(cache, plan.short_ctx, widths)
 
     drafter_pts: dict[int, Point] = {}
-    if drafter is not None:
+    if draft_model:
+        # A round's drafting: the committed tokens the drafter has not seen in one forward, then
+        # c - 1 one-token forwards. Each timed proposal is then rejected outright, which leaves
+        # one unseen token for the next, as after a round that accepts nothing.
+        source = DraftModelSource(drafter, vocab)
+        source.start(ids[: plan.short_ctx].tolist(), {})
+        pending = int(ids[plan.short_ctx].item())
+        source.commit([pending], {})
+
+        def propose_timed(c):
+            t = _timed(lambda: source.propose(pending, c, params).tokens)
+            source.commit([pending], {})
+            return t
+
+        for c in range(1, plan.max_cap + 1):
+            propose_timed(c)
+            drafter_pts[c] = Point.of([propose_timed(c) for _ in range(plan.repeats)])
+            say(f"drafter cap {c}")
+    elif drafter is not None:
         drafter.reset()
         drafter.append_context(out.taps)
         pending = int(ids[plan.short_ctx].item())
@@ -142,7 +169,8 @@ def measure_curves(target: Target, drafter=None, *, plan: CalibrationPlan, progr
 
     # Overhead: real pipelined rounds at a reference cap, minus their model parts.
     ref = max(1, min(plan.max_cap, 3))
-    source = _FixedWidth(drafter, ref)
+    # A draft model always drafts exactly the cap it is asked for: it is its own fixed width.
+    source = DraftModelSource(drafter, vocab) if draft_model else _FixedWidth(drafter, ref)
     times: list[float] = []
     prompt = ids[: plan.short_ctx].tolist()
     speculative_loop(target, prompt, params, source, max_new_tokens=4, cap=ref, stream=TextStream(_NoText()), mode="calibrate")
@@ -208,12 +236,16 @@ def calibrate(
     if mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
     if mode != "lookup" and drafter is None:
-        raise InputError(f"calibrating mode {mode!r} needs a drafter (--drafter DIR); lookup needs none.")
+        flag = "--draft-model DIR" if mode == "draft" else "--drafter DIR"
+        raise InputError(f"calibrating mode {mode!r} needs a drafter ({flag}); lookup needs none.")
+    if (mode == "draft") != _is_draft_model(drafter):
+        raise InputError(f"mode {mode!r} does not fit the drafter given: mode draft takes a draft model (a Target), dspark/dflash a head.")
     if max_cap is None:
-        max_cap = drafter.config.max_drafts if drafter is not None else 8
+        max_cap = drafter.config.max_drafts if drafter is not None and mode != "draft" else 8
     plan = plan or CalibrationPlan(max_cap=max_cap)
+    drafter_weights = None if drafter is None else (drafter.model if mode == "draft" else drafter.head)
     options = {"max_cap": max_cap, "kv_bits": target.kv_bits, "target_bits": _bits(target.model),
-               "drafter_bits": _bits(drafter.head) if drafter is not None else None,
+               "drafter_bits": _bits(drafter_weights) if drafter_weights is not None else None,
                "drafter_window": getattr(drafter, "window", None), "short_ctx": plan.short_ctx, "long_ctx": plan.long_ctx}
     stamp = collect_device_stamp(options)
     model_id = model_id or target.name
@@ -260,7 +292,7 @@ def validate(target: Target, tokenizer, drafter, curves: CostCurves, *, prompts:
     cap the controller would choose (at the acceptance measured here) is within 5% of the best
     measured rate."""
     from ..engine.generate import lookup_generate
-    from ..engine.speculative import speculative_generate
+    from ..engine.speculative import draft_model_generate, speculative_generate
     from .controller import static_cap
 
     from ..engine.generate import greedy_generate
@@ -279,6 +311,8 @@ def validate(target: Target, tokenizer, drafter, curves: CostCurves, *, prompts:
         for p in prompts:
             if mode == "lookup":
                 r = lookup_generate(target, tokenizer, p, max_new_tokens=max_new_tokens, max_draft_tokens=max_cap, cap_controller=fixed)
+            elif mode == "draft":
+                r = draft_model_generate(target, tokenizer, drafter, p, max_new_tokens=max_new_tokens, max_draft_tokens=max_cap, cap_controller=fixed)
             else:
                 r = speculative_generate(target, tokenizer, drafter, p, max_new_tokens=max_new_tokens, cap_controller=fixed, lookup_drafts=False)
             tokens += r.num_tokens - 1

@@ -27,14 +27,16 @@ from sqlmodel import Session, select
 from ..errors import DsparkError, InputError
 from ..schemas.records import Run, Trial, utcnow
 
-MODES = ("baseline", "lookup", "dspark", "dflash")
+MODES = ("baseline", "lookup", "dspark", "dflash", "draft")
 HEAD_MODES = ("dspark", "dflash")  # modes that need a drafter head
+AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size (lookup, a draft model)
 
 
 @dataclass
 class SweepConfig:
     models: list[str]
     drafters: list[str] = field(default_factory=list)
+    draft_models: list[str] = field(default_factory=list)  # small LMs with the target's tokenizer (mode draft)
     modes: list[str] = field(default_factory=lambda: ["baseline", "lookup", "dspark"])
     caps: list[str] = field(default_factory=lambda: ["2", "4", "7", "auto"])
     prompt_sets: list[str] = field(default_factory=lambda: ["code", "math", "chat"])
@@ -55,6 +57,8 @@ class SweepConfig:
         for mode in HEAD_MODES:
             if mode in self.modes and not self.drafters:
                 raise InputError(f"mode {mode} needs at least one --drafter; drop {mode} from --modes or pass a head.")
+        if "draft" in self.modes and not self.draft_models:
+            raise InputError("mode draft needs at least one --draft-model (a small model with the target's tokenizer); drop draft from --modes or pass one.")
         for cap in self.caps:
             if cap != "auto" and not (cap.isdigit() and int(cap) >= 1):
                 raise InputError(f"cap {cap!r} is not a positive number or 'auto'.")
@@ -65,7 +69,10 @@ class SweepConfig:
 
     def key(self) -> str:
         """Identity of the grid, to find an unfinished run of the same sweep to resume."""
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        fields = asdict(self)
+        if not fields["draft_models"]:
+            del fields["draft_models"]  # grids from before draft mode keep their key, so they still resume
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_grid(path: str | Path) -> SweepConfig:
@@ -201,8 +208,9 @@ def run_sweep(
 def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from ..engine import greedy_generate, load_target, lookup_generate, speculative_generate
+    from ..engine import draft_model_generate, greedy_generate, load_target, lookup_generate, speculative_generate
     from ..engine.drafters.load import load_dflash, load_dspark
+    from ..engine.speculative import check_same_tokenizer
     from ..errors import LoadError
     from .calibrate import calibrate
     from .controller import DEFAULT_ACCEPTANCE, CapController
@@ -216,6 +224,14 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                 drafters[(mode, d)] = loaders[mode](d, target, bits=cfg.drafter_bits)
             except LoadError as e:  # a head of the other kind, or for another model in a multi-model grid
                 say(f"skipping drafter {d} for {model_id} in mode {mode}: {e}")
+    if "draft" in cfg.modes:
+        for d in cfg.draft_models:  # loaded once per target, like the heads
+            try:
+                drafter, draft_tok = load_target(d, dtype=cfg.dtype)
+                check_same_tokenizer(tok, draft_tok, drafter, model=model_id, draft_model=d)
+                drafters[("draft", d)] = drafter
+            except LoadError as e:  # another family's tokenizer, in a multi-model grid
+                say(f"skipping draft model {d} for {model_id}: {e}")
     arms = plan_arms(cfg, model_id, list(drafters))
     cells = [(p, prompt, i) for p in sets for prompt in p.prompts for i in range(cfg.trials)]
     todo = [(arm, c) for c in cells for arm in arms if (f"{arm.key}|{c[0].name}|{c[1].id}", c[2]) not in done]
@@ -229,7 +245,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
             if arm.key not in curves_for:
                 curves_for[arm.key] = calibrate(target, drafters.get((arm.mode, arm.drafter_id)), mode=arm.mode, model_id=model_id,
                                                 drafter_id=arm.drafter_id, db=engine).curves
-            max_cap = drafters[(arm.mode, arm.drafter_id)].config.max_drafts if arm.mode in HEAD_MODES else 8
+            max_cap = drafters[(arm.mode, arm.drafter_id)].config.max_drafts if arm.mode in HEAD_MODES else AUTO_MAX_CAP
             # A fresh controller per generation: each trial's cap choices depend on that trial alone.
             ctrl = CapController(curves_for[arm.key], max_cap=max_cap, prior=DEFAULT_ACCEPTANCE[arm.mode])
         cap = 0 if arm.cap in ("0", "auto") else int(arm.cap)
@@ -237,6 +253,9 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
             r = greedy_generate(target, tok, prompt_input, max_new_tokens=max_new)
         elif arm.mode == "lookup":
             r = lookup_generate(target, tok, prompt_input, max_new_tokens=max_new, max_draft_tokens=cap or 8, cap_controller=ctrl)
+        elif arm.mode == "draft":
+            r = draft_model_generate(target, tok, drafters[("draft", arm.drafter_id)], prompt_input, max_new_tokens=max_new,
+                                     max_draft_tokens=cap or AUTO_MAX_CAP, cap_controller=ctrl)
         else:
             d = drafters[(arm.mode, arm.drafter_id)]
             r = speculative_generate(target, tok, d, prompt_input, max_new_tokens=max_new,
