@@ -85,6 +85,36 @@ FAMILY_CONFIGS: dict[str, dict] = {
 # The families whose every layer caches plainly (trim-only rollback).
 PLAIN_FAMILIES = ("qwen3", "qwen2", "llama")
 
+# Multimodal families built from mlx-vlm's model classes (tiny vision towers included, as the
+# classes need them): a text_config for the language model plus a vision_config. `text`
+# gets num_hidden_layers and vocab_size filled in by build_tiny_model.
+_GEMMA4_ROPE = {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+                "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0, "rope_type": "default"}}
+VLM_FAMILY_CONFIGS: dict[str, dict] = {
+    # Gemma 4: sliding window 8 (it wraps) and global layers with their own head_dim and KV heads,
+    # the last half of the layers sharing KV with earlier ones, per-layer input embeddings,
+    # final logit softcap, tied head.
+    "gemma4": dict(
+        model_type="gemma4", audio_config=None, tie_word_embeddings=True,
+        text=dict(model_type="gemma4_text", hidden_size=64, intermediate_size=128, num_attention_heads=4, head_dim=16,
+                  global_head_dim=32, num_key_value_heads=2, num_global_key_value_heads=1, num_kv_shared_layers=2,
+                  hidden_size_per_layer_input=16, sliding_window=8, sliding_window_pattern=2, final_logit_softcapping=30.0,
+                  rms_norm_eps=1e-6, max_position_embeddings=4096, use_double_wide_mlp=False, rope_parameters=_GEMMA4_ROPE),
+        vision_config=dict(model_type="gemma4_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=2, head_dim=16, global_head_dim=16, patch_size=4,
+                           position_embedding_size=64, pooling_kernel_size=2),
+    ),
+    # Gemma 3 (vision): sliding window 8 every other layer, separate lm_head.
+    "gemma3": dict(
+        model_type="gemma3",
+        text=dict(model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, query_pre_attn_scalar=16, sliding_window=8,
+                  sliding_window_pattern=2, mm_tokens_per_image=4, max_position_embeddings=4096),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, patch_size=4, image_size=16),
+    ),
+}
+
 
 def build_tokenizer(out_dir: Path, vocab_size: int = 384):
     """Train a byte-level BPE on the built-in corpus and save it with a ChatML template."""
@@ -118,8 +148,10 @@ def build_tiny_model(out_dir: str | Path, family: str = "qwen3", *, num_layers: 
     from mlx.utils import tree_flatten, tree_map
     from mlx_lm.utils import _get_classes
 
+    if family in VLM_FAMILY_CONFIGS:
+        return _build_tiny_vlm(out_dir, family, num_layers=num_layers, seed=seed, init_scale=init_scale, **overrides)
     if family not in FAMILY_CONFIGS:
-        raise ValueError(f"unknown tiny family {family!r}; choose from {', '.join(FAMILY_CONFIGS)}")
+        raise ValueError(f"unknown tiny family {family!r}; choose from {', '.join([*FAMILY_CONFIGS, *VLM_FAMILY_CONFIGS])}")
     out = Path(out_dir)
     if tokenizer_from is not None:
         from transformers import PreTrainedTokenizerFast
@@ -146,6 +178,46 @@ def build_tiny_model(out_dir: str | Path, family: str = "qwen3", *, num_layers: 
     return out
 
 
+def _build_tiny_vlm(out_dir: str | Path, family: str, *, num_layers: int, seed: int, init_scale: float, **overrides) -> Path:
+    """A multimodal `family` model (mlx-vlm's classes, needs mlx-vlm) in HF layout: config.json
+    with text_config and vision_config, one model.safetensors with the vision tower too.
+    `overrides` go into text_config."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_map
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    out = Path(out_dir)
+    tokenizer = build_tokenizer(out)
+    V = len(tokenizer)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    spec = dict(VLM_FAMILY_CONFIGS[family])
+    text = dict(spec.pop("text"), num_hidden_layers=num_layers, vocab_size=V, **overrides)
+    if family == "gemma4":
+        text["vocab_size_per_layer_input"] = V
+        # Spelled out (sliding, full, ...; the last full), so transformers and mlx-vlm read the same layout.
+        text.setdefault("layer_types", ["sliding_attention", "full_attention"] * (num_layers // 2) + ["full_attention"] * (num_layers % 2))
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")  # image/audio placeholders: a special token plain text never holds
+    config = dict(spec, text_config=text, vocab_size=V, hidden_size=text["hidden_size"], eos_token_id=eos,
+                  image_token_id=mask_id, image_token_index=mask_id, audio_token_id=mask_id, boi_token_id=mask_id,
+                  eoi_token_id=mask_id, boa_token_id=mask_id, eoa_token_id=mask_id)
+    arch, _ = get_model_and_args(config)
+    model_config = update_module_configs(arch.ModelConfig.from_dict(config), arch, config, ["text", "vision", "audio"])
+    mx.random.seed(seed)
+    model = arch.Model(model_config)
+    if init_scale != 1.0:
+        model.update(tree_map(lambda p: p * init_scale if p.ndim == 2 else p, model.parameters()))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return out
+
+
+def text_config(config: dict) -> dict:
+    """The language model's fields of a (possibly multimodal) config.json."""
+    return {**config, **(config.get("text_config") or {})}
+
+
 DSPARK_LAYOUTS = ("native", "speculators", "specforge", "dflash-causal", "lfm2")
 
 
@@ -164,7 +236,7 @@ def build_tiny_dspark(out_dir: str | Path, target_dir: str | Path, *, layout: st
     from .engine.drafters.dspark import DSparkHead
     from .engine.drafters.dspark_config import DSparkConfig
 
-    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    tcfg = text_config(json.loads((Path(target_dir) / "config.json").read_text()))
     H, V = tcfg["hidden_size"], tcfg["vocab_size"]
     taps = [0, tcfg["num_hidden_layers"] - 1] if tcfg["num_hidden_layers"] > 1 else [0]
     mask_id = V - 1
@@ -240,7 +312,7 @@ def build_tiny_dflash(out_dir: str | Path, target_dir: str | Path, *, version: i
 
     from .engine.drafters.dflash import DFlashHead, parse_dflash_config
 
-    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    tcfg = text_config(json.loads((Path(target_dir) / "config.json").read_text()))
     H, V, n_t = tcfg["hidden_size"], tcfg["vocab_size"], tcfg["num_hidden_layers"]
     dflash = {"mask_token_id": V - 1, "target_layer_ids": [0, n_t - 1] if n_t > 1 else [0]}
     config = {"architectures": ["DFlash2DraftModel" if version == 2 else "DFlashDraftModel"], "model_type": "qwen3",

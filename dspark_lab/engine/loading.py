@@ -1,4 +1,5 @@
-"""Resolve a model reference to files, refuse what we should not run, and load through mlx-lm.
+"""Resolve a model reference to files, refuse what we should not run, and load through mlx-lm
+(or, for multimodal checkpoints, mlx-vlm's model classes, of which only the text path runs).
 
 Every failure a user can cause (a typo in a path, an offline cache miss, a checkpoint that
 wants to run its own Python, weights that do not fit the config) becomes a LoadError whose
@@ -106,8 +107,73 @@ def check_remote_code(model_dir: Path, trust_remote_code: bool) -> None:
         )
 
 
+# The pip extra that brings mlx-vlm, as the refusal messages name it.
+VLM_FIX = 'pip install "dspark-lab[vlm]"'
+
+
+def is_multimodal(config: dict[str, Any]) -> bool:
+    """A vision-language (or audio) checkpoint: its text model sits in a nested text_config."""
+    return any(isinstance(config.get(k), dict) for k in ("text_config", "vision_config", "audio_config"))
+
+
+def _mlx_lm_has(config: dict[str, Any]) -> bool:
+    from mlx_lm.utils import _get_classes
+
+    try:
+        _get_classes(config)
+    except ValueError:
+        return False
+    return True
+
+
+def _mlx_vlm_has(config: dict[str, Any]) -> bool | None:
+    """Whether mlx-vlm has this model_type; None when mlx-vlm is not installed."""
+    try:
+        from mlx_vlm.utils import get_model_and_args
+    except ImportError:
+        return None
+    try:
+        get_model_and_args({k: v for k, v in config.items() if k != "model_file"})
+    except (ValueError, KeyError):
+        return False
+    except ImportError as e:  # the family's module exists but needs something missing
+        raise LoadError(f"mlx-vlm's model_type {config.get('model_type')!r} cannot be imported ({e}); install what it names.") from e
+    return True
+
+
+def choose_loader(config: dict[str, Any], cfg_path: Path | str = "config.json") -> str:
+    """"mlx-vlm" for a multimodal config (or a model_type only mlx-vlm has) when mlx-vlm has
+    the model_type, else "mlx-lm" when mlx-lm has it (its own text path of e.g. gemma3); a
+    model_type neither has, or one that needs mlx-vlm when it is not installed, is refused."""
+    model_type = config.get("model_type")
+    lm_has = _mlx_lm_has(config)
+    if lm_has and not is_multimodal(config):
+        return "mlx-lm"
+    vlm_has = _mlx_vlm_has(config)
+    if vlm_has:
+        return "mlx-vlm"
+    if lm_has:
+        return "mlx-lm"
+    if vlm_has is None and is_multimodal(config):
+        raise LoadError(
+            f"model_type {model_type!r} in {cfg_path} is a multimodal architecture that mlx-lm {_mlx_lm_version()} does not have; "
+            f"dspark-lab runs such models' text path through mlx-vlm, which is not installed. Fix: {VLM_FIX}."
+        )
+    if vlm_has is None:
+        raise LoadError(
+            f"unknown model_type {model_type!r} in {cfg_path}: mlx-lm {_mlx_lm_version()} has no such architecture "
+            f"(and mlx-vlm, which has more, is not installed: {VLM_FIX}). Upgrade mlx-lm, or check the config."
+        )
+    from mlx_vlm import __version__ as vlm_version
+
+    raise LoadError(
+        f"unknown model_type {model_type!r} in {cfg_path}: neither mlx-lm {_mlx_lm_version()} nor mlx-vlm {vlm_version} "
+        "has such an architecture, so dspark-lab has no dedicated support for it. Upgrade them, or check the config."
+    )
+
+
 def validate_config(model_dir: Path) -> dict[str, Any]:
-    """config.json present, a model_type mlx-lm knows, quantization bits mlx supports."""
+    """config.json present, a model_type mlx-lm (or mlx-vlm) knows, quantization bits mlx supports."""
     cfg_path = model_dir / "config.json"
     if not cfg_path.exists():
         raise LoadError(f"no config.json in {str(model_dir)!r}: this is not a Hugging Face-layout model directory. Pass the directory that holds config.json and the weights.")
@@ -115,15 +181,7 @@ def validate_config(model_dir: Path) -> dict[str, Any]:
     model_type = config.get("model_type")
     if not model_type:
         raise LoadError(f"{cfg_path} has no model_type; dspark-lab cannot tell which architecture to build.")
-    from mlx_lm.utils import _get_classes
-
-    try:
-        _get_classes(config)
-    except ValueError as e:
-        raise LoadError(
-            f"unknown model_type {model_type!r} in {cfg_path}: mlx-lm {_mlx_lm_version()} has no such architecture. "
-            "Upgrade mlx-lm, or check the config."
-        ) from e
+    choose_loader(config, cfg_path)
     quant = config.get("quantization") or config.get("quantization_config") or {}
     bits = quant.get("bits") if isinstance(quant, dict) else None
     if bits is not None and bits not in SUPPORTED_QUANT_BITS:
@@ -155,6 +213,31 @@ def load_mlx_lm(model_dir: Path, *, trust_remote_code: bool = False):
         raise LoadError(f"could not load {str(model_dir)!r}: {msg}") from e
 
 
+def load_mlx_vlm(model_dir: Path, config: dict[str, Any]):
+    """mlx-vlm's model class for a multimodal checkpoint, reduced to its language model (text
+    generation is all dspark-lab does), with mlx-lm's tokenizer wrapper. Returns the language
+    model, the tokenizer and the text config (model_type kept as the checkpoint names it)."""
+    from mlx_lm.utils import load_tokenizer
+    from mlx_vlm.utils import load_model
+
+    try:
+        model = load_model(model_dir)
+    except ValueError as e:
+        msg = str(e)
+        if "parameters" in msg or "Missing" in msg or "shape" in msg or "Received" in msg:
+            raise LoadError(
+                f"the safetensors in {str(model_dir)!r} do not match its config.json: {msg.strip()} "
+                "The weights and config come from different models, or the download is incomplete."
+            ) from e
+        raise LoadError(f"could not load {str(model_dir)!r} through mlx-vlm: {msg}") from e
+    language_model = getattr(model, "language_model", None)
+    if language_model is None:
+        raise LoadError(f"mlx-vlm's model_type {config.get('model_type')!r} has no language_model; this family needs dedicated support in dspark-lab.")
+    text_config = {**config, **(config.get("text_config") or {}), "model_type": config.get("model_type")}
+    tokenizer = load_tokenizer(model_dir, eos_token_ids=config.get("eos_token_id", text_config.get("eos_token_id")))
+    return language_model, tokenizer, text_config
+
+
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -167,6 +250,7 @@ def load_target(
     taps: Sequence[int] | None = None,
 ):
     """Load a causal LM as a `Target` plus its tokenizer (mlx-lm's TokenizerWrapper).
+    A multimodal checkpoint loads through mlx-vlm and runs as its language model (text only).
 
     `kv_bits` quantizes the KV cache; `dtype` casts the unquantized weights (float32 is the
     fast choice on MLX's CPU backend); `taps` lists the layers a drafter will read, and asking
@@ -179,8 +263,11 @@ def load_target(
         raise LoadError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
     model_dir = resolve_model_path(repo_or_path)
     check_remote_code(model_dir, trust_remote_code)
-    validate_config(model_dir)
-    model, tokenizer, config = load_mlx_lm(model_dir, trust_remote_code=trust_remote_code)
+    config = validate_config(model_dir)
+    if choose_loader(config) == "mlx-vlm":
+        model, tokenizer, config = load_mlx_vlm(model_dir, config)
+    else:
+        model, tokenizer, config = load_mlx_lm(model_dir, trust_remote_code=trust_remote_code)
     if dtype is not None:
         import mlx.core as mx
         from mlx.utils import tree_map

@@ -13,6 +13,7 @@ fails is refused, naming its model_type.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -57,7 +58,8 @@ def _tapped_class(cls: type) -> type:
                 rec.outputs[EMBED_TAP] = args[0]  # the embedding output, as layer 0 receives it
             out = cls.__call__(self, *args, **kwargs)
             if self._dspark_index in rec.wanted:
-                rec.outputs[self._dspark_index] = out
+                # mlx-vlm's Gemma 4 layers return (hidden, shared_kv, offset): the hidden comes first.
+                rec.outputs[self._dspark_index] = out[0] if isinstance(out, tuple) else out
             return out
 
         _TAPPED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__})
@@ -84,9 +86,22 @@ def _inner_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module, 
             "(an embedding, a list of layers and a final norm); this family needs dedicated support. Use --mode baseline."
         )
     head = model.lm_head if "lm_head" in model else embed.as_linear
-    args = getattr(model, "args", None)
-    softcap = getattr(args, "final_logit_softcapping", None) if args is not None else None
+    # mlx-lm keeps it in model.args; mlx-vlm's language models (those that apply it) as an attribute.
+    softcap = getattr(model, "final_logit_softcapping", None)
+    if softcap is None:
+        args = getattr(model, "args", None)
+        softcap = getattr(args, "final_logit_softcapping", None) if args is not None else None
     return inner, embed, norm, head, softcap
+
+
+def _trimmable_cache_types() -> tuple[type, ...]:
+    """KV cache classes that drop their newest rows exactly: mlx-lm's, and mlx-vlm's when a
+    model loaded through it (mlx-vlm's language models build their own cache classes)."""
+    types: tuple[type, ...] = (cache_lib.KVCache, cache_lib.QuantizedKVCache)
+    if "mlx_vlm.models.cache" in sys.modules:
+        vlm_cache = sys.modules["mlx_vlm.models.cache"]
+        types += (vlm_cache.KVCache, vlm_cache.QuantizedKVCache)
+    return types
 
 
 def _snapshot(obj):
@@ -163,7 +178,7 @@ class Target:
         # Plain and quantized KV caches drop their newest rows exactly. Recurrent states
         # (ArraysCache: gated delta, Mamba, short convolutions) and rotating sliding-window
         # caches cannot: their old values are gone once newer tokens are folded in.
-        return isinstance(c, (cache_lib.KVCache, cache_lib.QuantizedKVCache))
+        return isinstance(c, _trimmable_cache_types())
 
     def checkpoint(self, cache: list):
         """Before a verify forward: what rewinding needs (None when every cache just trims).
@@ -274,7 +289,8 @@ class Target:
         raises LoadError naming the model_type when it exceeds PROBE_RTOL."""
         taps = tuple(range(self.num_layers)) if taps is None else tuple(taps)
         probe_ids = mx.array([(7 * i + 3) % self.vocab_size for i in range(12)], dtype=mx.uint32)
-        ref = self.model(probe_ids[None], cache=self.make_cache())[0].astype(mx.float32)
+        ref = self.model(probe_ids[None], cache=self.make_cache())
+        ref = getattr(ref, "logits", ref)[0].astype(mx.float32)  # mlx-vlm returns an output object
         last = self.num_layers - 1
         out = self.forward(probe_ids, self.make_cache(), taps=tuple(sorted(set(taps) | {last})))
         if any(t.shape != (probe_ids.shape[0], self.hidden_size) for t in out.taps.values()):
