@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from dspark_lab import greedy_generate, load_target, lookup_generate
+from dspark_lab import greedy_generate, load_target, lookup_generate, speculative_generate
 from dspark_lab.engine import pypi_models
 
 pytestmark = pytest.mark.real_model
@@ -54,3 +54,28 @@ def test_greedy_is_coherent(smollm2):
     target, tok = smollm2
     r = greedy_generate(target, tok, "What is the capital of France? Answer in one word.", max_new_tokens=12)
     assert "Paris" in r.text
+
+
+def test_fixture_head_drafts_real_tokens_losslessly(smollm2):
+    """The committed DSpark head (fixtures/smollm2-135m-dspark, distilled on the H200 against this
+    model's own output) on built-in code prompts it never saw, at cap 4, drafting on its own (no
+    lookup): the output is the greedy output, and its drafts are accepted: mean accept length
+    above 1.1, where an untrained head gives 1.0. Issue #9 asks for 1.8; the model card says
+    what this head reaches (about 1.2) and why."""
+    from pathlib import Path
+
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.engine.text import encode_prompt
+    from dspark_lab.lab.prompts import load_prompt_set
+
+    target, tok = smollm2
+    drafter = load_dspark(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-135m-dspark", target)
+    accepts = []
+    for p in load_prompt_set("code", limit=2).prompts:  # two prompts: the CPU backend is slow
+        ids = encode_prompt(tok, p.as_input())
+        base = greedy_generate(target, tok, ids, max_new_tokens=40)
+        r = speculative_generate(target, tok, drafter, ids, max_new_tokens=40, max_draft_tokens=4, lookup_drafts=False)
+        assert r.token_ids == base.token_ids, p.id
+        accepts += r.accept_lengths
+    print(f"fixture head: mean accept length {sum(accepts) / len(accepts):.3f} over {len(accepts)} rounds")
+    assert sum(accepts) / len(accepts) > 1.1
