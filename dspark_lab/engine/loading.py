@@ -204,13 +204,18 @@ def load_mlx_lm(model_dir: Path, *, trust_remote_code: bool = False):
     try:
         return load(str(model_dir), return_config=True, trust_remote_code=trust_remote_code)
     except ValueError as e:
-        msg = str(e)
-        if "parameters" in msg or "Missing" in msg or "shape" in msg or "Received" in msg:
-            raise LoadError(
-                f"the safetensors in {str(model_dir)!r} do not match its config.json: {msg.strip()} "
-                "The weights and config come from different models, or the download is incomplete."
-            ) from e
-        raise LoadError(f"could not load {str(model_dir)!r}: {msg}") from e
+        raise _load_error(model_dir, e, "") from e
+
+
+def _load_error(model_dir: Path, e: ValueError, via: str) -> LoadError:
+    """A loader's ValueError as a LoadError: weights that do not fit the config say so."""
+    msg = str(e)
+    if "parameters" in msg or "Missing" in msg or "shape" in msg or "Received" in msg:
+        return LoadError(
+            f"the safetensors in {str(model_dir)!r} do not match its config.json: {msg.strip()} "
+            "The weights and config come from different models, or the download is incomplete."
+        )
+    return LoadError(f"could not load {str(model_dir)!r}{via}: {msg}")
 
 
 def load_mlx_vlm(model_dir: Path, config: dict[str, Any]):
@@ -223,13 +228,7 @@ def load_mlx_vlm(model_dir: Path, config: dict[str, Any]):
     try:
         model = load_model(model_dir)
     except ValueError as e:
-        msg = str(e)
-        if "parameters" in msg or "Missing" in msg or "shape" in msg or "Received" in msg:
-            raise LoadError(
-                f"the safetensors in {str(model_dir)!r} do not match its config.json: {msg.strip()} "
-                "The weights and config come from different models, or the download is incomplete."
-            ) from e
-        raise LoadError(f"could not load {str(model_dir)!r} through mlx-vlm: {msg}") from e
+        raise _load_error(model_dir, e, " through mlx-vlm") from e
     language_model = getattr(model, "language_model", None)
     if language_model is None:
         raise LoadError(f"mlx-vlm's model_type {config.get('model_type')!r} has no language_model; this family needs dedicated support in dspark-lab.")
