@@ -148,3 +148,18 @@ def test_real_sweep_too_few_trials_and_a_flipped_lossless_flag(tmp_path):
     # Every other arm is either vouched for (the fastest, if faster than plain) or refused with a reason.
     for p in loose["pairs"]:
         assert p["speedup"] > 1.0 and p["trials"] == 4 and p["target"] == "model"
+
+
+def test_a_mismatch_at_a_numerical_tie_is_vouched_for_and_counted(tmp_path):
+    """On a GPU in bf16, plain and speculative decoding may order two logits within one rounding
+    step differently. Such a trial stays flagged not lossless, but the registry accepts an arm
+    whose every difference is such a tie, and the entry says how many there were."""
+    from sqlalchemy import text
+
+    engine = synthetic_db(tmp_path)
+    with engine.begin() as conn:  # lookup cap 4's one mismatch turns out to be a one-step bf16 tie
+        conn.execute(text("UPDATE trials SET mismatch_gap = 0.125, mismatch_tie = true WHERE lossless = false AND mode = 'lookup' "
+                          "AND model_id = :m"), {"m": MODEL_A})
+    pairs = {(p["target"], p["machine"]): p for p in build_registry(engine)["pairs"]}
+    metal = pairs[("qwen3-8b", METAL)]
+    assert (metal["mode"], metal["cap"], metal["speedup"], metal["tie_trials"]) == ("lookup", 4, 3.0, 1)

@@ -18,6 +18,7 @@ from dspark_lab.db import open_db
 from dspark_lab.errors import DsparkError, InputError
 from dspark_lab.lab import results as results_mod
 from dspark_lab.lab.results import export_run, ingest, read_result
+from dspark_lab.schemas.records import SCHEMA_VERSION
 from dspark_lab.lab.sweep import SweepConfig, load_grid, run_sweep
 from dspark_lab.tiny import build_tiny_dspark
 
@@ -78,6 +79,33 @@ def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
     run_sweep(small_config(tiny_dirs["qwen3"], head, modes=["baseline", "lookup"], caps=["2"], trials=1), db, progress=False, on_event=events.append)
     assert rows(db, "select count(*) from trials where mode = 'lookup' and not lossless and mismatch_index is not null")[0][0] == 4
     assert any("NOT LOSSLESS" in e for e in events)
+    # A token swapped on purpose is no rounding accident: the trial says so, with the logit gap.
+    gaps = rows(db, "select mismatch_gap, mismatch_tie from trials where mode = 'lookup'")
+    assert all(gap is not None and gap > 0 and tie is False for gap, tie in gaps), gaps
+    assert any("a REAL divergence" in e for e in events)
+
+
+def test_a_version_1_database_gains_the_tie_columns(tmp_path):
+    """Databases written before schema 2 are migrated in place; their old trials stay unknown (NULL)."""
+    from sqlalchemy import text
+
+    db = tmp_path / "old.duckdb"
+    engine = open_db(db)
+    with engine.begin() as conn:  # make it look like a version-1 database (DuckDB drops no column under an index)
+        indexes = conn.execute(text("SELECT index_name, sql FROM duckdb_indexes() WHERE table_name = 'trials'")).fetchall()
+        for name, _ in indexes:
+            conn.execute(text(f"DROP INDEX {name}"))
+        conn.execute(text("ALTER TABLE trials DROP COLUMN mismatch_gap"))
+        conn.execute(text("ALTER TABLE trials DROP COLUMN mismatch_tie"))
+        for _, sql in indexes:
+            conn.execute(text(sql))
+        conn.execute(text("DELETE FROM schema_info"))
+        conn.execute(text("INSERT INTO schema_info (version, written_by) VALUES (1, 'old')"))
+    engine.dispose()
+    open_db(db).dispose()
+    cols = {c for (c,) in rows(db, "select column_name from information_schema.columns where table_name = 'trials'")}
+    assert {"mismatch_gap", "mismatch_tie"} <= cols
+    assert rows(db, "select max(version) from schema_info")[0][0] == SCHEMA_VERSION
 
 
 SWEEP_ARGS = ["--caps", "2,4", "--prompts", "code,math", "--trials", "3", "-n", "12", "--prompt-limit", "3", "--no-warmup", "-v"]
@@ -134,7 +162,7 @@ def test_export_ingest_round_trip(tiny_dirs, head, tmp_path):
     path = export_run(engine, rid, tmp_path / "result.json")
     engine.dispose()
     doc = json.loads(path.read_text())
-    assert doc["format"] == "dspark-lab-result" and doc["schema_version"] == 1 and doc["run"]["device_stamp"]
+    assert doc["format"] == "dspark-lab-result" and doc["schema_version"] == SCHEMA_VERSION == 2 and doc["run"]["device_stamp"]
     other = open_db(tmp_path / "b.duckdb")
     assert "ingested run" in ingest(other, [path])[0][1]
     assert "already in the database" in ingest(other, [path])[0][1]

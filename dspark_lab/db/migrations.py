@@ -2,4 +2,15 @@
 
 Version 1 is the first schema; later versions add their step here."""
 
-MIGRATIONS: dict = {}
+from sqlalchemy import Engine, text
+
+
+def _v1_to_v2(engine: Engine) -> None:
+    """Trials learn whether a mismatch sits on a numerical tie (mismatch_gap, mismatch_tie).
+    Trials stored before stay NULL there: unknown, never guessed."""
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE trials ADD COLUMN mismatch_gap DOUBLE"))
+        conn.execute(text("ALTER TABLE trials ADD COLUMN mismatch_tie BOOLEAN"))
+
+
+MIGRATIONS: dict = {1: _v1_to_v2}

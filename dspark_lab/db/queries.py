@@ -155,7 +155,7 @@ SUMMARY_SCHEMA = {
     "median_tok_s": pl.Float64, "baseline_median_tok_s": pl.Float64, "speedup": pl.Float64,
     "ci_lo": pl.Float64, "ci_hi": pl.Float64, "mean_accept_len": pl.Float64,
     "per_position_acceptance": pl.List(pl.Float64), "lossless_trials": pl.Int64, "not_lossless_trials": pl.Int64,
-    "unchecked_trials": pl.Int64, "run_ids": pl.List(pl.String), "device_keys": pl.List(pl.String),
+    "tie_trials": pl.Int64, "unchecked_trials": pl.Int64, "run_ids": pl.List(pl.String), "device_keys": pl.List(pl.String),
 }
 
 
@@ -172,6 +172,8 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
     - mean_accept_len: mean of the trials' mean accept length; per_position_acceptance: d0..dk
       averaged over the trials that drafted that deep;
     - lossless_trials / not_lossless_trials / unchecked_trials: every trial counted, none dropped;
+      tie_trials: those of the not-lossless ones whose first difference is a numerical tie (a logit
+      gap within one rounding step of the logit dtype; unknown for trials stored before schema 2);
     - run_ids, device_keys: where the numbers come from.
 
     Machine is part of the key: a speedup pooled over two machines would describe neither.
@@ -224,6 +226,7 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
             "per_position_acceptance": _mean_profile(g["per_position_acceptance"].to_list()),
             "lossless_trials": int((lossless == True).sum()),  # noqa: E712 - polars comparison
             "not_lossless_trials": int((lossless == False).sum()),  # noqa: E712
+            "tie_trials": int(((lossless == False) & (g["mismatch_tie"] == True)).sum()) if "mismatch_tie" in g.columns else 0,  # noqa: E712
             "unchecked_trials": int(lossless.is_null().sum()) if arm["mode"] != "baseline" else 0,
             "run_ids": sorted(set(g["run_id"].to_list())),
             "device_keys": sorted({k for k in g["device_key"].to_list() if k is not None}),

@@ -8,9 +8,27 @@ first differing position and the logit gap of the two competing tokens there.
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 
 from ..engine.target import Target
+
+
+# Explicit mantissa bits of the logit dtypes: one rounding step at |x| is 2**(floor(log2|x|) - bits).
+MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
+
+
+def rounding_step(x: float, dtype: str) -> float:
+    """The spacing of representable numbers of `dtype` ("mlx.core.bfloat16" or "bfloat16") at |x|."""
+    bits = MANTISSA_BITS.get(dtype.rsplit(".", 1)[-1], 23)
+    return 2.0 ** (math.floor(math.log2(max(abs(x), 2.0**-14))) - bits)
+
+
+def is_numerical_tie(logit_a: float, logit_b: float, dtype: str) -> bool:
+    """Whether the two competing tokens' logits are within one rounding step of each other: then
+    which of them wins argmax depends on summation order, not on the algorithm."""
+    return abs(logit_a - logit_b) <= rounding_step(max(abs(logit_a), abs(logit_b)), dtype)
 
 
 def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: list[int]) -> dict | None:
@@ -22,5 +40,6 @@ def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: lis
     out = target.forward(mx.array(prompt_ids + a[:i], dtype=mx.uint32), target.make_cache(), last_only=True).logits[0]
     logits = out.astype(mx.float32)
     top = mx.sort(logits)[-2:].tolist()
-    return {"index": i, "logit_a": round(logits[a[i]].item(), 4), "logit_b": round(logits[b[i]].item(), 4),
-            "top2_margin": round(top[1] - top[0], 4), "logit_dtype": str(out.dtype)}
+    la, lb = logits[a[i]].item(), logits[b[i]].item()
+    return {"index": i, "logit_a": round(la, 4), "logit_b": round(lb, 4), "top2_margin": round(top[1] - top[0], 4),
+            "logit_dtype": str(out.dtype), "tie": is_numerical_tie(la, lb, str(out.dtype))}

@@ -135,6 +135,22 @@ def _trial_row(run_id, arm: Arm, trial_index, pset, prompt, cfg, r, caps_chosen,
     )
 
 
+def _classify_mismatch(target, tok, prompt, ref: list[int], out: list[int]) -> tuple[float | None, bool | None, str]:
+    """(gap, tie, words) for a trial whose output differs from the baseline's: the logit gap of
+    the two competing tokens at the first difference, and whether it is within one rounding step
+    of the logit dtype (a numerical tie: low-precision kernels of different widths may break it
+    either way) or a real divergence, which a lossless engine must never show."""
+    from ..engine.text import encode_prompt
+    from .lossless import first_divergence
+
+    d = first_divergence(target, encode_prompt(tok, prompt.as_input()), ref, out)
+    if d is None or d.get("length_differs"):
+        return None, False, "the outputs differ in length"
+    gap = abs(d["logit_a"] - d["logit_b"])
+    kind = "a numerical tie" if d["tie"] else "a REAL divergence"
+    return gap, d["tie"], f"{kind} (logits {d['logit_a']} vs {d['logit_b']} in {d['logit_dtype'].rsplit('.', 1)[-1]})"
+
+
 def _first_mismatch(a: list[int], b: list[int]) -> int | None:
     if a == b:
         return None
@@ -280,7 +296,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                 if n and cfg.cooldown:
                     time.sleep(cfg.cooldown)
                 r, caps_chosen = generate(arm, prompt.as_input(), cfg.max_new_tokens)
-                lossless = mismatch = None
+                lossless = mismatch = gap = tie = None
                 if arm.mode == "baseline":
                     baseline_ids[ref_key] = r.token_ids
                 else:
@@ -291,10 +307,12 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                         mismatch = _first_mismatch(ref, r.token_ids)
                         lossless = mismatch is None
                         if not lossless:
-                            msg = f"NOT LOSSLESS: {arm.key} on {pset.name}/{prompt.id} differs from baseline at token {mismatch}"
-                            bar.console.print(f"[bold red]{msg}[/]")
+                            gap, tie, why = _classify_mismatch(target, tok, prompt, ref, r.token_ids)
+                            msg = f"NOT LOSSLESS: {arm.key} on {pset.name}/{prompt.id} differs from baseline at token {mismatch}: {why}"
+                            bar.console.print(f"[bold {'yellow' if tie else 'red'}]{msg}[/]")
                             say(msg)
                 row = _trial_row(run_id, arm, i, pset, prompt, cfg, r, caps_chosen, lossless, mismatch)
+                row.mismatch_gap, row.mismatch_tie = gap, tie
                 cell = (row.arm_key, i)
                 with Session(engine) as s:  # one commit per trial: a kill loses at most the one in flight
                     s.add(row)

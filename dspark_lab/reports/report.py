@@ -145,8 +145,10 @@ SUMMARY_HEAD = ("domain", "mode", "drafter", "cap", "median tok/s", "baseline to
 def _summary_rows(df: pl.DataFrame) -> list[str]:
     rows = []
     for r in df.iter_rows(named=True):
-        bad = r["not_lossless_trials"] > 0
-        flag = '<span class="flag">NOT LOSSLESS</span>' if bad else ""
+        ties = r.get("tie_trials") or 0
+        bad = r["not_lossless_trials"] - ties > 0  # a difference that is not a numerical tie
+        flag = ('<span class="flag">NOT LOSSLESS</span>' if bad else
+                '<span class="flag">ties</span>' if ties else "")
         ci = "-" if r["ci_lo"] is None else f"[{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]"
         profile = " ".join(f"{p:.2f}" for p in r["per_position_acceptance"] or []) or "-"
         device = f"{r['machine']} ({', '.join(r['device_keys'])})"
@@ -157,7 +159,8 @@ def _summary_rows(df: pl.DataFrame) -> list[str]:
             ("per_position_acceptance", profile), ("trials", r["trials"]), ("prompts", r["prompts"]),
             # The baseline is the reference the others are checked against: nothing to count.
             ("lossless", "-" if r["mode"] == "baseline" else
-             f"{r['lossless_trials']} / {r['not_lossless_trials']} / {r['unchecked_trials']}"),
+             f"{r['lossless_trials']} / {r['not_lossless_trials']}"
+             + (f" ({r['tie_trials']} at ties)" if r.get("tie_trials") else "") + f" / {r['unchecked_trials']}"),
         ]
         tds = "".join(f'<td data-col="{c}">{_esc(v)}</td>' for c, v in cells)
         tds += f'<td data-col="flag">{flag}</td><td data-col="device">{_esc(device)}</td>'

@@ -10,7 +10,7 @@ from sqlalchemy import Double
 from sqlmodel import Field, SQLModel
 
 # Bump when a table changes; dspark_lab/db/migrations.py says how to get from each version to the next.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def utcnow() -> datetime:
@@ -98,4 +98,9 @@ class Trial(SQLModel, table=True):
     decode_tokens_per_sec: float = Field(sa_type=Double)
     lossless: bool | None = None
     mismatch_index: int | None = None  # first differing token when not lossless
+    # At that token: the logit gap of the two competing tokens (a fresh prefill of the common
+    # prefix, in the model's logit dtype) and whether it is within one rounding step of that dtype,
+    # i.e. a numerical tie that low-precision kernels may break either way (schema version 2).
+    mismatch_gap: float | None = Field(default=None, sa_type=Double)
+    mismatch_tie: bool | None = None
     created_at: datetime = Field(default_factory=utcnow)
