@@ -485,7 +485,8 @@ def distill(
     max_new_tokens: Annotated[int, typer.Option(help="Longest continuation per prompt (each prompt is continued once).")] = 192,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay to a tenth).")] = 5e-4,
-    anchors: Annotated[int, typer.Option(help="Anchor positions per step.")] = 16,
+    anchors: Annotated[int, typer.Option(help="Anchor positions per step, spread over its sequences.")] = 16,
+    seqs: Annotated[int, typer.Option(help="Sequences per step, through the target in one batched forward (more signal per step where a step is launch-bound, as on a GPU).")] = 1,
     held_out: Annotated[int, typer.Option(help="Prompts per set kept out of training for evaluation.")] = 2,
     eval_every: Annotated[int, typer.Option(help="Steps between held-out acceptance measurements.")] = 200,
     batch: Annotated[int, typer.Option(help="Prompts the target continues at once when generating the data (1: one by one, exact greedy).")] = 32,
@@ -499,7 +500,7 @@ def distill(
     from .lab.distill import DistillConfig, distill as run_distill
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, prompts=prompts,
-                        tokens=tokens, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, held_out=held_out, eval_every=eval_every,
+                        tokens=tokens, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every,
                         batch=batch, max_len=max_len, minutes=minutes, save_dtype=save_dtype, slot_decay=slot_decay, command="dspark-lab " + " ".join(sys.argv[1:]))
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     out.print(f"head written to {path}; try: dspark-lab generate -m {model} -d {path} --mode dspark")

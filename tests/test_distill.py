@@ -155,3 +155,39 @@ def test_a_larger_token_budget_tops_up_the_data_with_unused_prompts(tiny_dirs, t
     keys = [(r["set"], r["prompt_id"]) for r in rows]
     assert len(keys) == len(set(keys))  # no prompt continued twice
     assert any("reusing" in m for m in said)
+
+
+def test_a_batch_of_sequences_trains_exactly_like_each_sequence_alone(tiny_dirs, trained):
+    """--seqs: right-padded sequences through one batched forward. Each real row's taps, and the
+    block loss of anchors in any one sequence, equal those of that sequence fed alone."""
+    import mlx.core as mx
+
+    from dspark_lab.lab.distill import block_loss
+
+    target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], trained, drafter_bits=16)
+    c, t = drafter.config, drafter.config.target_layer_ids
+    rows = [json.loads(line)["ids"] for line in (trained / "data.jsonl").read_text().splitlines()[:2]]
+    short, long_ = sorted(rows, key=len)
+    width = len(long_) + 5
+    batch = mx.array([long_ + [0] * (width - len(long_)), short + [7] * (width - len(short))], dtype=mx.uint32)
+    taps = target.taps_batch(batch, t)
+    alone = target.forward(mx.array(short, dtype=mx.uint32), target.make_cache(), taps=t).taps
+    for layer in t:
+        assert mx.allclose(taps[layer][1, : len(short)], alone[layer], atol=1e-4).item()
+    cat = mx.concatenate([taps[x] for x in t], axis=-1)
+    anchors = mx.array(list(range(2, len(short) - 2, 3)), dtype=mx.int32)
+    batched = block_loss(drafter.head, c, target.embed, target.head_logits, cat, batch, anchors,
+                         mx.array([len(long_), len(short)]), 0.8, mx.ones(anchors.shape, dtype=mx.int32))
+    single_cat = mx.concatenate([alone[x] for x in t], axis=-1)
+    single = block_loss(drafter.head, c, target.embed, target.head_logits, single_cat, mx.array(short, dtype=mx.uint32),
+                        anchors, len(short), 0.8)
+    assert abs(batched.item() - single.item()) < 1e-3 * max(1.0, abs(single.item()))
+
+
+def test_several_sequences_per_step_train(tiny_dirs, tmp_path):
+    out = tmp_path / "head"
+    distill(config(tiny_dirs["qwen3"], out, seqs=3, anchors=12, steps=20, eval_every=100), progress=False, say=lambda m: None)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert sum(e["loss"] for e in log[-5:]) < 0.7 * sum(e["loss"] for e in log[:5])
+    with pytest.raises(InputError, match="at least --seqs"):
+        config(tiny_dirs["qwen3"], out, seqs=4, anchors=2)

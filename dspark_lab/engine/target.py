@@ -277,6 +277,19 @@ class Target:
         cat = lambda parts: parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)  # noqa: E731
         return ForwardOut(cat(logits_parts), {t: cat(p) for t, p in tap_parts.items()})
 
+    def taps_batch(self, ids: mx.array, taps: Sequence[int]) -> dict[int, mx.array]:
+        """Taps {layer: (B, L, hidden)} of a batch of right-padded sequences (B, L) in one
+        forward without a cache (training, not generation). Causal attention keeps every real
+        row's value independent of the padding after it."""
+        self._recorder.wanted = frozenset(taps)
+        self._recorder.outputs = {}
+        try:
+            self._inner(ids, cache=None)
+        finally:
+            outs, self._recorder.outputs = self._recorder.outputs, {}
+            self._recorder.wanted = frozenset()
+        return {t: outs[t] for t in taps}
+
     def check_taps(self, taps: Sequence[int]) -> None:
         bad = [t for t in taps if not EMBED_TAP <= t < self.num_layers]
         if bad:

@@ -54,7 +54,8 @@ class DistillConfig:
     max_new_tokens: int = 192  # per continuation
     steps: int = 1000
     lr: float = 5e-4
-    anchors: int = 16  # anchor positions per training step
+    anchors: int = 16  # anchor positions per training step (spread over its sequences)
+    seqs: int = 1  # sequences per training step (one batched target forward)
     held_out: int = 2  # prompts per set kept for evaluation
     eval_every: int = 200
     checkpoint_every: int = 100
@@ -69,11 +70,13 @@ class DistillConfig:
     command: str = ""  # the command line, for the model card
 
     def __post_init__(self) -> None:
-        for name in ("block", "layers", "tokens", "steps", "anchors", "max_new_tokens"):
+        for name in ("block", "layers", "tokens", "steps", "anchors", "max_new_tokens", "seqs"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
         if self.block < 2:
             raise InputError("--block must be >= 2 (an anchor and at least one mask slot).")
+        if self.anchors < self.seqs:
+            raise InputError(f"--anchors ({self.anchors}) must be at least --seqs ({self.seqs}): every sequence needs an anchor.")
         if self.batch < 1 or self.max_len < 2 * PAD_TO or self.minutes < 0:
             raise InputError(f"--batch must be >= 1, --max-len >= {2 * PAD_TO} and --minutes >= 0.")
         if not 0 < self.slot_decay <= 1:
@@ -177,11 +180,14 @@ def _batch_greedy(target: Target, tokenizer, prompts: list[list[int]], max_new_t
 
 # --- training ---------------------------------------------------------------------------------
 
-def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, tokens: mx.array, anchors: mx.array) -> mx.array:
+def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, tokens: mx.array, anchors: mx.array,
+                   seq: mx.array) -> mx.array:
     """Final-norm hidden states (A, block, H) of one block per anchor, as inference computes
-    them: block rows see the context rows before their anchor and their whole block."""
+    them: block rows see the context rows before their anchor and their whole block. ctx is
+    (B, L, H) for B sequences, tokens (B, L); anchor i sits at position anchors[i] of sequence
+    seq[i]."""
     A, bs, L = anchors.shape[0], c.block_size, ctx.shape[1]
-    ids = mx.concatenate([tokens[anchors][:, None], mx.full((A, bs - 1), c.mask_token_id, dtype=tokens.dtype)], axis=1)
+    ids = mx.concatenate([tokens[seq, anchors][:, None], mx.full((A, bs - 1), c.mask_token_id, dtype=tokens.dtype)], axis=1)
     h = embed(ids)
     k_pos = mx.arange(L + bs)[None, None, None]
     visible = (k_pos < anchors[:, None, None, None]) | (k_pos >= L)  # context before the anchor, and the block
@@ -192,34 +198,76 @@ def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, toke
         kb = attn._rope(attn.k_norm(attn.k_proj(x).reshape(A, bs, c.kv_heads, -1)).transpose(0, 2, 1, 3), anchors)
         vb = attn.v_proj(x).reshape(A, bs, c.kv_heads, -1).transpose(0, 2, 1, 3)
         kc, vc = attn.kv(ctx, 0)
-        keys = mx.concatenate([mx.broadcast_to(kc, (A,) + kc.shape[1:]), kb], axis=2)
-        values = mx.concatenate([mx.broadcast_to(vc, (A,) + vc.shape[1:]), vb], axis=2)
+        if ctx.shape[0] == 1:  # one sequence: broadcast its keys instead of copying them per anchor
+            kc, vc = mx.broadcast_to(kc, (A,) + kc.shape[1:]), mx.broadcast_to(vc, (A,) + vc.shape[1:])
+        else:
+            kc, vc = kc[seq], vc[seq]
+        keys = mx.concatenate([kc, kb], axis=2)
+        values = mx.concatenate([vc, vb], axis=2)
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=visible)
         h = h + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(A, bs, -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return head.norm(h)
 
 
-def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None, slot_decay: float = 1.0):
+def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None, slot_decay: float = 1.0,
+               seq=None):
     """Mean cross-entropy of every block slot's prediction (slot k: the token k+1 after the anchor),
     slot k weighted by slot_decay**k: a draft is accepted only up to its first miss, so the early
     slots are worth more than the late ones.
 
-    `tokens` may be padded past `length` (the real sequence length): padding is never a target,
-    and no anchor's context reaches it (context rows are those before the anchor)."""
-    ctx = head.hidden_norm(head.fc(taps_cat))[None]
-    hidden = _block_forward(head, c, embed, ctx, tokens, anchors)
+    One sequence: taps_cat (L, T*H), tokens (L,), length an int. A batch: taps_cat (B, L, T*H),
+    tokens (B, L), length (B,) and seq (A,) naming each anchor's sequence. Tokens may be padded
+    past their length: padding is never a target, and no anchor's context reaches it (context
+    rows are those before the anchor)."""
+    if tokens.ndim == 1:
+        tokens, taps_cat = tokens[None], taps_cat[None]
+        length = None if length is None else mx.array([length])
+    B, L, bs = tokens.shape[0], tokens.shape[1], c.block_size
+    seq = mx.zeros((anchors.shape[0],), dtype=mx.int32) if seq is None else seq
+    ctx = head.hidden_norm(head.fc(taps_cat))
+    hidden = _block_forward(head, c, embed, ctx, tokens, anchors, seq)
     logits = lm_head(hidden).astype(mx.float32)  # (A, bs, V)
-    L, bs = tokens.shape[0], c.block_size
     pos = anchors[:, None] + mx.arange(bs)[None]  # position of each slot's previous token
-    valid = (pos + 1) < (L if length is None else length)
-    targets = tokens[mx.minimum(pos + 1, L - 1)]
+    limit = L if length is None else length[seq][:, None]
+    valid = (pos + 1) < limit
+    rows = seq[:, None]
+    targets = tokens[rows, mx.minimum(pos + 1, L - 1)]
     if c.markov_rank:
-        prev = tokens[mx.minimum(pos, L - 1)]
+        prev = tokens[rows, mx.minimum(pos, L - 1)]
         logits = logits + head.markov_head.markov_w2(head.markov_head.markov_w1(prev))
     ce = nn.losses.cross_entropy(logits, targets, reduction="none")
     weight = valid * (slot_decay ** mx.arange(bs, dtype=mx.float32))[None]
     return (ce * weight).sum() / mx.maximum(weight.sum(), 1e-6)
+
+
+def _training_batch(data: list[dict], rng, cfg: DistillConfig):
+    """One step's batch: cfg.seqs sequences (cut to cfg.max_len, right-padded together to a
+    multiple of PAD_TO: few distinct shapes, and on CUDA every new shape compiles its kernels
+    first) and cfg.anchors anchors spread over them -> (ids (B, L), lengths (B,), seq (A,),
+    anchors (A,)), or None when a drawn sequence has no continuation to learn from."""
+    rows = [data[rng.randrange(len(data))] for _ in range(cfg.seqs)]
+    seqs, ranges = [], []
+    for row in rows:
+        ids = row["ids"][-cfg.max_len :]  # keep the continuation; cut the prompt's start
+        prompt_len = max(1, row["prompt_len"] - (len(row["ids"]) - len(ids)))
+        lo, hi = max(1, prompt_len - 1), len(ids) - 2
+        if hi <= lo:
+            return None
+        seqs.append(ids)
+        ranges.append((lo, hi))
+    width = max(len(x) for x in seqs)
+    width += -width % PAD_TO
+    # Always cfg.anchors anchors in all (repeats when a sequence is short): one more fixed shape.
+    per = [cfg.anchors // cfg.seqs + (i < cfg.anchors % cfg.seqs) for i in range(cfg.seqs)]
+    seq_of, anchors = [], []
+    for i, ((lo, hi), k) in enumerate(zip(ranges, per)):
+        picks = rng.sample(range(lo, hi), k) if hi - lo >= k else [rng.randrange(lo, hi) for _ in range(k)]
+        seq_of += [i] * k
+        anchors += sorted(picks)
+    ids = mx.array([x + [x[-1]] * (width - len(x)) for x in seqs], dtype=mx.uint32)
+    return (ids, mx.array([len(x) for x in seqs], dtype=mx.int32), mx.array(seq_of, dtype=mx.int32),
+            mx.array(anchors, dtype=mx.int32))
 
 
 def _save_head(head: DSparkHead, path: Path, dtype: str = "float32") -> None:
@@ -285,7 +333,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     elif resume:
         say("no checkpoint to resume from: starting at step 0")
     mx.eval(head.parameters())
-    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n: block_loss(h, c, target.embed, target.head_logits, t, x, a, n, cfg.slot_decay))
+    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n, q: block_loss(h, c, target.embed, target.head_logits, t, x, a, n, cfg.slot_decay, q))
     log = (out / "train_log.jsonl").open("a")
     cap = min(c.max_drafts, 7)
     rng = __import__("random").Random(cfg.seed + step)
@@ -296,22 +344,13 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
             if cfg.minutes and time.perf_counter() - t0 > 60 * cfg.minutes:
                 say(f"time budget of {cfg.minutes} min reached at step {step}")
                 break
-            row = data[rng.randrange(len(data))]
-            seq = row["ids"][-cfg.max_len :]  # keep the continuation; cut the prompt's start
-            prompt_len = max(1, row["prompt_len"] - (len(row["ids"]) - len(seq)))
-            lo, hi = max(1, prompt_len - 1), len(seq) - 2
-            if hi <= lo:
+            batch = _training_batch(data, rng, cfg)
+            if batch is None:
                 continue
-            # Pad to a multiple of PAD_TO so the target and head see few distinct shapes: on
-            # CUDA every new shape compiles its kernels first.
-            length = len(seq)
-            ids = mx.array(seq + [seq[-1]] * (-length % PAD_TO), dtype=mx.uint32)
-            taps = target.forward(ids, target.make_cache(), taps=c.target_layer_ids, last_only=True).taps
+            ids, lengths, seq, anchors = batch
+            taps = target.taps_batch(ids, c.target_layer_ids)
             taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
-            # Always cfg.anchors anchors (repeats when the sequence is short): one more fixed shape.
-            picks = rng.sample(range(lo, hi), cfg.anchors) if hi - lo >= cfg.anchors else [rng.randrange(lo, hi) for _ in range(cfg.anchors)]
-            anchors = mx.array(sorted(picks), dtype=mx.int32)
-            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, length)
+            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, seq)
             optimizer.update(head, grads)
             mx.eval(head.parameters(), optimizer.state, loss)
             step += 1
