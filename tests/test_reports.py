@@ -181,3 +181,18 @@ def test_report_renders_in_headless_chromium(evil_report, tmp_path):
     subprocess.run([str(ROOT / "scripts" / "screenshot_report.sh"), str(page), str(shot), "1000x1200"], check=True,
                    capture_output=True, timeout=120)
     assert png_size(shot) == (1000, 1200)
+
+
+def test_a_difference_at_a_numerical_tie_is_shown_as_such(tmp_path):
+    """A trial whose first difference is a tie stays in the not-lossless list, marked as a tie
+    with its logit gap, and its arm's flag says "ties" rather than NOT LOSSLESS."""
+    from sqlalchemy import text
+
+    engine = synthetic_db(tmp_path)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE trials SET mismatch_gap = 0.125, mismatch_tie = true WHERE lossless = false AND mode = 'lookup' "
+                          "AND model_id = :m"), {"m": MODEL_A})
+    html = build_report(engine, tmp_path / "r.html").read_text()
+    assert "AT A TIE" in html and "0.125 (a tie)" in html and "numerical tie (1 of them" in html
+    lookup = summary_rows(html)[f"Apple M3 Max 64GB (metal)|{MODEL_A}|-|lookup|4|all"]
+    assert lookup["lossless"] == "5 / 1 (1 at ties) / 0" and lookup["flag"] == "ties"

@@ -97,9 +97,13 @@ def speedup_chart(summary: pl.DataFrame) -> alt.FacetChart | None:
                                               y2="ci_hi:Q"),
         base.mark_line(point=True).encode(y="speedup:Q", tooltip=tooltip),
         # A red ring marks an arm with a trial that did not reproduce the baseline: kept, never hidden.
+        # Solid: a real divergence; dashed: every difference was a numerical tie (see lossless.py).
         alt.Chart().mark_point(size=260, strokeWidth=2.5, color=RED, filled=False).encode(
-            x=x, y="speedup:Q", tooltip=["arm:N", "not_lossless_trials:Q", "trials:Q"]).transform_filter(
-            alt.datum.not_lossless_trials > 0),
+            x=x, y="speedup:Q", tooltip=["arm:N", "not_lossless_trials:Q", "tie_trials:Q", "trials:Q"]).transform_filter(
+            alt.datum.not_lossless_trials - alt.datum.tie_trials > 0),
+        alt.Chart().mark_point(size=260, strokeWidth=2, strokeDash=[3, 2], color=RED, filled=False).encode(
+            x=x, y="speedup:Q", tooltip=["arm:N", "not_lossless_trials:Q", "tie_trials:Q", "trials:Q"]).transform_filter(
+            (alt.datum.tie_trials > 0) & (alt.datum.not_lossless_trials - alt.datum.tie_trials <= 0)),
         data=_data(df),
     ).properties(width=WIDTH, height=HEIGHT)
     return layers.facet(column=alt.Column("domain:N", title="domain"), row=_row()).properties(
@@ -111,19 +115,22 @@ def throughput_chart(summary: pl.DataFrame) -> alt.FacetChart | None:
     df = label_arms(summary)
     if df.is_empty():
         return None
-    df = df.with_columns(run_ids=pl.col("run_ids").list.join(", "))
+    # Outline width: 3 for a real divergence, 1 when every difference was a numerical tie.
+    real = pl.col("not_lossless_trials") - pl.col("tie_trials")
+    df = df.with_columns(run_ids=pl.col("run_ids").list.join(", "),
+                         ring=pl.when(real > 0).then(3).when(pl.col("tie_trials") > 0).then(1).otherwise(0))
     chart = alt.Chart(_data(df)).mark_bar().encode(
         x=alt.X("arm:N", title=None, sort=_arm_sort(df), axis=alt.Axis(labelAngle=-40, labelLimit=160)),
         y=alt.Y("median_tok_s:Q", title="median decode tok/s"),
         color=_mode_color(df),
         stroke=alt.condition(alt.datum.not_lossless_trials > 0, alt.value(RED), alt.value(None)),
-        strokeWidth=alt.condition(alt.datum.not_lossless_trials > 0, alt.value(3), alt.value(0)),
+        strokeWidth=alt.StrokeWidth("ring:Q", scale=None, legend=None),
         tooltip=["arm:N", "domain:N", alt.Tooltip("median_tok_s:Q", format=".1f"),
-                 alt.Tooltip("baseline_median_tok_s:Q", format=".1f"), "trials:Q", "not_lossless_trials:Q", "machine:N",
-                 "run_ids:N"],
+                 alt.Tooltip("baseline_median_tok_s:Q", format=".1f"), "trials:Q", "not_lossless_trials:Q", "tie_trials:Q",
+                 "machine:N", "run_ids:N"],
     ).properties(width=WIDTH, height=HEIGHT)
     return chart.facet(column=alt.Column("domain:N", title="domain"), row=_row()).resolve_scale(x="independent", y="independent").properties(
-        title="Decode throughput: baseline vs speculative (median tok/s; red outline: not lossless)")
+        title="Decode throughput: baseline vs speculative (median tok/s; red outline: not lossless, thin: only at ties)")
 
 
 def accept_hist_chart(trials: pl.DataFrame) -> alt.FacetChart | None:
@@ -294,6 +301,7 @@ def round_time_chart(trials: pl.DataFrame, calibration: pl.DataFrame) -> alt.Fac
 
 def lossless_status(df: pl.DataFrame) -> pl.Expr:
     return (pl.when(pl.col("mode") == "baseline").then(pl.lit("baseline"))
+            .when((pl.col("lossless") == False) & (pl.col("mismatch_tie") == True)).then(pl.lit("differs at a tie"))  # noqa: E712
             .when(pl.col("lossless") == False).then(pl.lit("NOT lossless"))  # noqa: E712
             .when(pl.col("lossless") == True).then(pl.lit("lossless"))  # noqa: E712
             .otherwise(pl.lit("unchecked")))
@@ -306,13 +314,13 @@ def noise_chart(trials: pl.DataFrame) -> alt.FacetChart | None:
     df = label_arms(trials).with_columns(status=lossless_status(trials))
     df = df.select("panel", "arm", "mode", "series", "cap", "domain", "prompt_id", "trial_index", "run_id", "status",
                    pl.col("decode_tokens_per_sec").alias("tok_s"))
-    statuses = ["baseline", "lossless", "unchecked", "NOT lossless"]
+    statuses = ["baseline", "lossless", "unchecked", "differs at a tie", "NOT lossless"]
     y = alt.Y("arm:N", title=None, sort=_arm_sort(df))
     box = alt.Chart().mark_boxplot(extent="min-max", opacity=0.35, color="#888").encode(x=alt.X("tok_s:Q", title="decode tok/s"), y=y)
     pts = alt.Chart().mark_point(filled=True, size=45).encode(
         x="tok_s:Q", y=y, shape=alt.Shape("domain:N", title="domain"),
         color=alt.Color("status:N", title="lossless check",
-                        scale=alt.Scale(domain=statuses, range=["#4c78a8", "#54a24b", "#bab0ac", RED])),
+                        scale=alt.Scale(domain=statuses, range=["#4c78a8", "#54a24b", "#bab0ac", "#f1a7a0", RED])),
         tooltip=["arm:N", "domain:N", "prompt_id:N", "trial_index:Q", "run_id:N", "status:N", alt.Tooltip("tok_s:Q", format=".1f")],
     )
     layers = alt.layer(box, pts, data=_data(df)).properties(width=2 * WIDTH + 120)

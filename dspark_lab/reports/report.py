@@ -190,16 +190,24 @@ def _lossless_section(trials: pl.DataFrame) -> str:
     if bad.is_empty():
         text = f'<p class="ok">All {checked} checked speculative trials match the baseline token for token.'
         return text + (f" {unchecked} had no baseline to compare with." if unchecked else "") + "</p>"
-    head = ("flag", "run id", "model", "drafter", "mode", "cap", "prompt set", "prompt id", "trial", "first mismatch at token", "machine")
+    head = ("flag", "run id", "model", "drafter", "mode", "cap", "prompt set", "prompt id", "trial", "first mismatch at token",
+            "logit gap there", "machine")
     rows = []
     for r in bad.sort("run_id", "model_id", "mode", "cap", "prompt_id").iter_rows(named=True):
+        tie = r.get("mismatch_tie") is True
+        gap = "-" if r.get("mismatch_gap") is None else f"{r['mismatch_gap']:.4g}" + (" (a tie)" if tie else "")
         cells = (r["run_id"], r["model_id"], r["drafter_id"] or "-", r["mode"], r["cap"], r["prompt_set"], r["prompt_id"],
-                 r["trial_index"], r["mismatch_index"], r["machine"])
-        rows.append('<tr class="bad"><td><span class="flag">NOT LOSSLESS</span></td>'
+                 r["trial_index"], r["mismatch_index"], gap, r["machine"])
+        flag = "AT A TIE" if tie else "NOT LOSSLESS"
+        rows.append(f'<tr class="bad"><td><span class="flag">{flag}</span></td>'
                     + "".join(f"<td>{_esc(c)}</td>" for c in cells) + "</tr>")
+    ties = int((bad["mismatch_tie"] == True).sum()) if "mismatch_tie" in bad.columns else 0  # noqa: E712
     text = (f'<p class="bad-count"><span class="flag">{bad.height} of {checked}</span> checked speculative trials did '
             "NOT reproduce the baseline's tokens. They are kept in every number and chart above; a lossless engine "
-            "must never produce one, so treat it as a bug.</p>")
+            "must never produce one, so treat it as a bug"
+            + (f", except where the first difference is a numerical tie ({ties} of them: the two competing logits "
+               "within one rounding step of their dtype, which GPU kernels of different widths may order either way)"
+               if ties else "") + ".</p>")
     return text + _table("not-lossless", head, rows)
 
 
