@@ -18,6 +18,7 @@ from dspark_lab import InputError, LoadError, draft_model_generate, greedy_gener
 from dspark_lab.cli import app
 from dspark_lab.engine.speculative import check_same_tokenizer
 from dspark_lab.tiny import build_tiny_model
+from rollback import rejected_rounds
 
 ALPHA = 1e-3  # false-alarm rate of the statistical test, as in test_sampling.py
 runner = CliRunner()
@@ -75,7 +76,7 @@ def test_greedy_is_lossless_at_every_cap(qwen3, drafters, greedy16, name):
             if name == "self":  # drafts are the target's own greedy tokens: all accepted
                 assert all(a == d + 1 for a, d in zip(r.accept_lengths, r.draft_lengths)), (cap, p)
                 assert all(d == cap for d in r.draft_lengths[:-1])  # only the last round is cut by the length
-            rejected += sum(1 for a, d in zip(r.accept_lengths, r.draft_lengths) if a - 1 < d)
+            rejected += rejected_rounds(r)
             partial += sum(1 for a, d in zip(r.accept_lengths, r.draft_lengths) if 1 < a < d + 1)
     if name != "self":
         assert rejected > 50  # the drafter rollback really ran
@@ -133,7 +134,7 @@ def test_hybrid_target_and_drafter_roll_back_exactly(family, tmp_path):
         for cap in range(1, 8):
             r = draft_model_generate(target, tok, drafter, p, max_new_tokens=12, max_draft_tokens=cap)
             assert r.token_ids == ref, (family, cap, p)
-            rejected += sum(1 for a, d in zip(r.accept_lengths, r.draft_lengths) if a - 1 < d)
+            rejected += rejected_rounds(r)
             partial += sum(1 for a, d in zip(r.accept_lengths, r.draft_lengths) if 1 < a < d + 1)
     assert rejected > 10 and partial > 2, (rejected, partial)
 
@@ -150,7 +151,7 @@ def test_sampling_with_a_draft_model_is_exact(qwen3, drafters):
     plain = [greedy_generate(target, tok, prompt, seed=s, **params).token_ids for s in range(n)]
     runs = [draft_model_generate(target, tok, drafters["noisy"], prompt, seed=7000 + s, max_draft_tokens=3, **params) for s in range(n)]
     accepted = sum(sum(a - 1 for a in r.accept_lengths) for r in runs)
-    rejected = sum(sum(1 for a, d in zip(r.accept_lengths, r.draft_lengths) if a - 1 < d) for r in runs)
+    rejected = sum(rejected_rounds(r) for r in runs)
     assert accepted > n // 2 and rejected > n // 10  # both branches of the sampling rule ran
     spec = [r.token_ids for r in runs]
     for pos in (1, 2, 3):

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from conftest import PROMPTS
-from dspark_lab import LoadError, greedy_generate, load_target, lookup_generate, speculative_generate
+from dspark_lab import LoadError, greedy_generate, load_target, speculative_generate
 from dspark_lab.engine.drafters.load import load_dspark
 from dspark_lab.engine.loading import choose_loader
 from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+from rollback import assert_lookup_lossless_at_every_cap, assert_rollback_equals_plain_decoding, rejected_rounds
 
 FAMILIES = {"gemma4": 4, "gemma3": 4}
 
@@ -36,21 +37,9 @@ def test_loads_through_mlx_vlm_as_its_language_model(family):
     assert not target.trims_only  # sliding-window layers: rollback restores and replays
 
 
-def rejections(r):
-    return sum(1 for a, d in zip(r.accept_lengths, r.draft_lengths) if d and a - 1 < d)
-
-
 def test_lookup_is_lossless_at_every_cap(family):
     name, _, target, tok = family
-    rejected = 0
-    for p in PROMPTS[:20]:
-        ref = greedy_generate(target, tok, p, max_new_tokens=16).token_ids
-        for cap in range(1, 8):
-            # min_n=1 drafts on any repeated token: most rounds reject at some (often every) position.
-            r = lookup_generate(target, tok, p, max_new_tokens=16, max_draft_tokens=cap, min_n=1, max_n=2)
-            assert r.token_ids == ref, (name, cap, p)
-            rejected += rejections(r)
-    assert rejected > 20  # the rollback path really ran
+    assert_lookup_lossless_at_every_cap(name, target, tok)
 
 
 def test_dspark_head_on_the_family_is_lossless_at_every_cap(family, tmp_path):
@@ -62,7 +51,7 @@ def test_dspark_head_on_the_family_is_lossless_at_every_cap(family, tmp_path):
         for cap in range(1, 8):
             r = speculative_generate(target, tok, head, p, max_new_tokens=16, max_draft_tokens=cap)
             assert r.token_ids == ref, (name, cap, p)
-            rejected += rejections(r)
+            rejected += rejected_rounds(r)
     assert rejected > 20
 
 
@@ -83,28 +72,7 @@ def flat_state(cache):
 
 
 def test_rollback_after_a_partial_accept_equals_plain_decoding(family):
-    name, _, target, _ = family
-    prompt = mx.array([(13 * i + 5) % target.vocab_size for i in range(12)], dtype=mx.uint32)
-    kept = [7, 11, 3]  # pending + 2 accepted drafts
-    plain = target.make_cache()
-    target.forward(prompt, plain)
-    for t in kept:
-        target.forward(mx.array([t], dtype=mx.uint32), plain)
-    spec = target.make_cache()
-    target.forward(prompt, spec)
-    fed = mx.array(kept + [19, 23, 29], dtype=mx.uint32)
-    snap = target.checkpoint(spec)
-    assert snap is not None  # this family needs more than a trim
-    target.forward(fed, spec)
-    target.rewind(spec, snap, fed, len(kept))
-    a, b = flat_state(plain), flat_state(spec)
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        np.testing.assert_allclose(x, y, atol=1e-4)
-    # Ten more plain steps on both: equal logits at every step (past the window's wrap too).
-    for t in range(31, 41):
-        nxt = mx.array([t], dtype=mx.uint32)
-        np.testing.assert_allclose(np.array(target.forward(nxt, plain).logits), np.array(target.forward(nxt, spec).logits), atol=1e-4)
+    assert_rollback_equals_plain_decoding(family[2], flat_state)
 
 
 def _write_config(tmp_path, config):
