@@ -57,3 +57,20 @@ PROMPTS = [
     "The answer is 42. The answer is 42. The answer is",
 ]
 REPETITIVE = PROMPTS[14:]
+
+
+ALPHA = 1e-3  # false-alarm rate of each statistical test
+
+
+def assert_same_token_distribution(plain: list[list[int]], spec: list[list[int]], positions) -> None:
+    """Chi-square homogeneity at ALPHA, position by position: the tokens speculative sampling
+    produced (`spec`) follow the distribution of plain sampling from the target (`plain`)."""
+    import numpy as np
+    from scipy import stats
+
+    for pos in positions:
+        cats = sorted({t[pos] for t in plain + spec})
+        table = np.array([[sum(t[pos] == c for t in plain) for c in cats], [sum(t[pos] == c for t in spec) for c in cats]])
+        table = table[:, table.sum(axis=0) > 0]
+        if table.shape[1] > 1:
+            assert stats.chi2_contingency(table).pvalue > ALPHA, (pos, table)

@@ -6,15 +6,13 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from scipy import stats
 
-from conftest import PROMPTS, REPETITIVE
+from conftest import PROMPTS, REPETITIVE, assert_same_token_distribution
 from dspark_lab import LoadError, dflash_generate, greedy_generate, load_dflash_pair
 from dspark_lab.engine.drafters.load import load_dflash, load_dspark
 from dspark_lab.engine.speculative import HeadSource
 from dspark_lab.tiny import build_tiny_dflash, build_tiny_dspark
 
-ALPHA = 1e-3  # false-alarm rate of the statistical test
 
 
 @pytest.fixture(scope="session")
@@ -79,11 +77,7 @@ def test_sampling_is_exact(qwen3, dflash_heads, version):
     params = dict(max_new_tokens=3, temperature=1.0, top_k=3, apply_chat_template=False)
     plain = [greedy_generate(target, tok, prompt, seed=s, **params).token_ids for s in range(n)]
     spec = [dflash_generate(target, tok, drafter, prompt, seed=7000 + s, **params).token_ids for s in range(n)]
-    for pos in (1, 2):
-        cats = sorted({t[pos] for t in plain + spec})
-        table = np.array([[sum(t[pos] == c for t in plain) for c in cats], [sum(t[pos] == c for t in spec) for c in cats]])
-        if table.shape[1] > 1:
-            assert stats.chi2_contingency(table).pvalue > ALPHA, (pos, table)
+    assert_same_token_distribution(plain, spec, (1, 2))
 
 
 def test_dflash2_draft_distribution_lives_on_the_candidates(qwen3, dflash_heads):

@@ -10,17 +10,15 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
-from scipy import stats
 from typer.testing import CliRunner
 
-from conftest import PROMPTS, REPETITIVE
+from conftest import PROMPTS, REPETITIVE, assert_same_token_distribution
 from dspark_lab import InputError, LoadError, draft_model_generate, greedy_generate, load_draft_pair, load_target
 from dspark_lab.cli import app
 from dspark_lab.engine.speculative import check_same_tokenizer
 from dspark_lab.tiny import build_tiny_model
 from rollback import rejected_rounds
 
-ALPHA = 1e-3  # false-alarm rate of the statistical test, as in test_sampling.py
 runner = CliRunner()
 
 
@@ -154,11 +152,7 @@ def test_sampling_with_a_draft_model_is_exact(qwen3, drafters):
     rejected = sum(rejected_rounds(r) for r in runs)
     assert accepted > n // 2 and rejected > n // 10  # both branches of the sampling rule ran
     spec = [r.token_ids for r in runs]
-    for pos in (1, 2, 3):
-        cats = sorted({t[pos] for t in plain + spec})
-        table = np.array([[sum(t[pos] == c for t in plain) for c in cats], [sum(t[pos] == c for t in spec) for c in cats]])
-        if table.shape[1] > 1:
-            assert stats.chi2_contingency(table).pvalue > ALPHA, (pos, table)
+    assert_same_token_distribution(plain, spec, (1, 2, 3))
 
 
 def test_drafter_distribution_is_the_processed_one(qwen3, drafters):

@@ -4,18 +4,15 @@ speculative decoding with a head is lossless (ids == greedy) and samples exactly
 import json
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from scipy import stats
 
-from conftest import PROMPTS, REPETITIVE
+from conftest import PROMPTS, REPETITIVE, assert_same_token_distribution
 from dspark_lab import InputError, LoadError, SamplingParams, greedy_generate
 from dspark_lab.engine.drafters.load import load_dspark
 from dspark_lab.engine.speculative import load_pair, speculative_generate
 from dspark_lab.tiny import DSPARK_LAYOUTS, build_tiny_dspark
 
-ALPHA = 1e-3  # false-alarm rate of the statistical test
 
 
 @pytest.fixture(scope="session")
@@ -104,11 +101,7 @@ def test_speculative_sampling_is_exact(qwen3, heads):
     runs = [speculative_generate(target, tok, drafter, prompt, seed=5000 + s, max_draft_tokens=3, lookup_drafts=False, **params) for s in range(n)]
     assert sum(sum(a - 1 for a in r.accept_lengths) for r in runs) > n // 2  # drafts were accepted
     spec = [r.token_ids for r in runs]
-    for pos in (1, 2, 3):
-        cats = sorted({t[pos] for t in plain + spec})
-        table = np.array([[sum(t[pos] == c for t in plain) for c in cats], [sum(t[pos] == c for t in spec) for c in cats]])
-        if table.shape[1] > 1:
-            assert stats.chi2_contingency(table).pvalue > ALPHA, (pos, table)
+    assert_same_token_distribution(plain, spec, (1, 2, 3))
 
 
 # --- packagings -------------------------------------------------------------------------------

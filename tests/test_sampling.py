@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import REPETITIVE
+from conftest import ALPHA, REPETITIVE, assert_same_token_distribution
 from dspark_lab import InputError, SamplingParams, greedy_generate, lookup_generate
 from dspark_lab.engine.sampling import target_probs, verify
 
-ALPHA = 1e-3  # false-alarm rate of each test
 
 
 def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
@@ -96,12 +95,7 @@ def test_lookup_generation_samples_like_plain_sampling(qwen3):
     spec_runs = [lookup_generate(target, tok, prompt, seed=10_000 + s, min_n=1, max_n=2, **params) for s in range(n)]
     assert sum(sum(r.draft_lengths) for r in spec_runs) > n // 2  # drafts were really verified
     spec = [r.token_ids for r in spec_runs]
-    for pos in (1, 2, 3):
-        cats = sorted({t[pos] for t in plain + spec})
-        table = np.array([[sum(t[pos] == c for t in plain) for c in cats], [sum(t[pos] == c for t in spec) for c in cats]])
-        table = table[:, table.sum(axis=0) > 0]
-        if table.shape[1] > 1:
-            assert stats.chi2_contingency(table).pvalue > ALPHA, (pos, table)
+    assert_same_token_distribution(plain, spec, (1, 2, 3))
 
 
 def test_seed_makes_sampling_reproducible(qwen3):
