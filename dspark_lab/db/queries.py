@@ -226,7 +226,7 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
             "per_position_acceptance": _mean_profile(g["per_position_acceptance"].to_list()),
             "lossless_trials": int((lossless == True).sum()),  # noqa: E712 - polars comparison
             "not_lossless_trials": int((lossless == False).sum()),  # noqa: E712
-            "tie_trials": int(((lossless == False) & (g["mismatch_tie"] == True)).sum()) if "mismatch_tie" in g.columns else 0,  # noqa: E712
+            "tie_trials": int(((lossless == False) & (g["mismatch_tie"] == True)).sum()),  # noqa: E712
             "unchecked_trials": int(lossless.is_null().sum()) if arm["mode"] != "baseline" else 0,
             "run_ids": sorted(set(g["run_id"].to_list())),
             "device_keys": sorted({k for k in g["device_key"].to_list() if k is not None}),

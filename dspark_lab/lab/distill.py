@@ -270,6 +270,13 @@ def _training_batch(data: list[dict], rng, cfg: DistillConfig):
             mx.array(anchors, dtype=mx.int32))
 
 
+def _save_checkpoint(head: DSparkHead, optimizer, ckpt: Path, step: int) -> None:
+    """What --resume continues from: the head (float32), the optimizer state and the step."""
+    _save_head(head, ckpt / "head.safetensors")
+    mx.save_safetensors(str(ckpt / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+    (ckpt / "state.json").write_text(json.dumps({"step": step}))
+
+
 def _save_head(head: DSparkHead, path: Path, dtype: str = "float32") -> None:
     weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(head.parameters())}
     mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
@@ -362,14 +369,10 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
                 say(f"step {step}: loss {losses[-1]:.3f}, held-out mean accept length {entry['mean_accept_len']:.2f} at cap {cap}")
             log.write(json.dumps(entry) + "\n")
             log.flush()
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                _save_head(head, ckpt / "head.safetensors")
-                mx.save_safetensors(str(ckpt / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
-                state_file.write_text(json.dumps({"step": step}))
+            if step % cfg.checkpoint_every == 0:
+                _save_checkpoint(head, optimizer, ckpt, step)
     log.close()
-    _save_head(head, ckpt / "head.safetensors")
-    mx.save_safetensors(str(ckpt / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
-    state_file.write_text(json.dumps({"step": step}))
+    _save_checkpoint(head, optimizer, ckpt, step)  # the last step, however the loop ended
     final = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     if final and "mean_accept_len" not in final[-1]:  # stopped by the time budget: measure the head as saved
         final[-1]["mean_accept_len"] = evaluate(target, tokenizer, head, held, cap)

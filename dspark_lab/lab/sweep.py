@@ -119,7 +119,7 @@ def _hash_ids(ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:32]
 
 
-def _trial_row(run_id, arm: Arm, trial_index, pset, prompt, cfg, r, caps_chosen, lossless, mismatch) -> Trial:
+def _trial_row(run_id, arm: Arm, trial_index, pset, prompt, cfg, r, caps_chosen, lossless, mismatch, gap, tie) -> Trial:
     decode_s = (r.num_tokens - 1) / r.decode_tokens_per_sec if r.decode_tokens_per_sec else 0.0
     return Trial(
         id=uuid.uuid4().hex, run_id=run_id, arm_key=f"{arm.key}|{pset.name}|{prompt.id}", trial_index=trial_index,
@@ -132,6 +132,7 @@ def _trial_row(run_id, arm: Arm, trial_index, pset, prompt, cfg, r, caps_chosen,
         caps_chosen=json.dumps(caps_chosen) if caps_chosen is not None else None,
         mean_accept_len=r.mean_accept_len, prefill_seconds=r.prefill_seconds, decode_seconds=decode_s,
         tokens_per_sec=r.tokens_per_sec, decode_tokens_per_sec=r.decode_tokens_per_sec, lossless=lossless, mismatch_index=mismatch,
+        mismatch_gap=gap, mismatch_tie=tie,
     )
 
 
@@ -311,8 +312,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                             msg = f"NOT LOSSLESS: {arm.key} on {pset.name}/{prompt.id} differs from baseline at token {mismatch}: {why}"
                             bar.console.print(f"[bold {'yellow' if tie else 'red'}]{msg}[/]")
                             say(msg)
-                row = _trial_row(run_id, arm, i, pset, prompt, cfg, r, caps_chosen, lossless, mismatch)
-                row.mismatch_gap, row.mismatch_tie = gap, tie
+                row = _trial_row(run_id, arm, i, pset, prompt, cfg, r, caps_chosen, lossless, mismatch, gap, tie)
                 cell = (row.arm_key, i)
                 with Session(engine) as s:  # one commit per trial: a kill loses at most the one in flight
                     s.add(row)

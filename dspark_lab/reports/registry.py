@@ -67,7 +67,7 @@ def _provenance(runs: pl.DataFrame, run_ids: list[str]) -> dict:
 
 def _refusal(arm: dict, min_trials: int) -> str | None:
     n = arm["trials"]
-    real = arm["not_lossless_trials"] - arm.get("tie_trials", 0)
+    real = arm["not_lossless_trials"] - arm["tie_trials"]
     if real:
         return (f"{real} of {n} trials not lossless (runs {', '.join(arm['run_ids'])}): output differs from plain "
                 "decoding at a token that is not a numerical tie, which a lossless engine must never do; find the bug "

@@ -145,7 +145,7 @@ SUMMARY_HEAD = ("domain", "mode", "drafter", "cap", "median tok/s", "baseline to
 def _summary_rows(df: pl.DataFrame) -> list[str]:
     rows = []
     for r in df.iter_rows(named=True):
-        ties = r.get("tie_trials") or 0
+        ties = r["tie_trials"]
         bad = r["not_lossless_trials"] - ties > 0  # a difference that is not a numerical tie
         flag = ('<span class="flag">NOT LOSSLESS</span>' if bad else
                 '<span class="flag">ties</span>' if ties else "")
@@ -160,7 +160,7 @@ def _summary_rows(df: pl.DataFrame) -> list[str]:
             # The baseline is the reference the others are checked against: nothing to count.
             ("lossless", "-" if r["mode"] == "baseline" else
              f"{r['lossless_trials']} / {r['not_lossless_trials']}"
-             + (f" ({r['tie_trials']} at ties)" if r.get("tie_trials") else "") + f" / {r['unchecked_trials']}"),
+             + (f" ({ties} at ties)" if ties else "") + f" / {r['unchecked_trials']}"),
         ]
         tds = "".join(f'<td data-col="{c}">{_esc(v)}</td>' for c, v in cells)
         tds += f'<td data-col="flag">{flag}</td><td data-col="device">{_esc(device)}</td>'
@@ -194,14 +194,14 @@ def _lossless_section(trials: pl.DataFrame) -> str:
             "logit gap there", "machine")
     rows = []
     for r in bad.sort("run_id", "model_id", "mode", "cap", "prompt_id").iter_rows(named=True):
-        tie = r.get("mismatch_tie") is True
-        gap = "-" if r.get("mismatch_gap") is None else f"{r['mismatch_gap']:.4g}" + (" (a tie)" if tie else "")
+        tie = r["mismatch_tie"] is True
+        gap = "-" if r["mismatch_gap"] is None else f"{r['mismatch_gap']:.4g}" + (" (a tie)" if tie else "")
         cells = (r["run_id"], r["model_id"], r["drafter_id"] or "-", r["mode"], r["cap"], r["prompt_set"], r["prompt_id"],
                  r["trial_index"], r["mismatch_index"], gap, r["machine"])
         flag = "AT A TIE" if tie else "NOT LOSSLESS"
         rows.append(f'<tr class="bad"><td><span class="flag">{flag}</span></td>'
                     + "".join(f"<td>{_esc(c)}</td>" for c in cells) + "</tr>")
-    ties = int((bad["mismatch_tie"] == True).sum()) if "mismatch_tie" in bad.columns else 0  # noqa: E712
+    ties = int((bad["mismatch_tie"] == True).sum())  # noqa: E712
     text = (f'<p class="bad-count"><span class="flag">{bad.height} of {checked}</span> checked speculative trials did '
             "NOT reproduce the baseline's tokens. They are kept in every number and chart above; a lossless engine "
             "must never produce one, so treat it as a bug"
