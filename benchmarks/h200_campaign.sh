@@ -1,21 +1,40 @@
 #!/usr/bin/env bash
-# Issue #10's campaign on the H200, one call: the peer side by side (benchmarks/peer_vs_ours.py)
-# and lab sweeps whose result JSON comes back for `dspark-lab ingest` + `report`.
+# Issue #10's campaign on the H200, in two calls (each fits the device's 10-minute limit):
+#   PHASE=peer   our DSpark against the peer mlx-dspark (Qwen heads; the peer cannot load the
+#                SmolLM2 head's rank-32 Markov table) and our greedy against mlx_lm, and on the 1.5B
+#                target mlx-lm's draft-model speculation against ours (benchmarks/peer_vs_ours.py)
+#   PHASE=sweep  lab sweeps (lookup, DSpark, draft model) whose result JSON comes back for
+#                `dspark-lab ingest` + `dspark-lab report`
 # Run on the device after `source /root/ship/mlx/activate`, with the heads of h200_train_refs.sh:
-#   SMOL=DIR SMOL_HEAD=DIR QWEN=DIR QWEN_HEAD=DIR OUT=DIR bash benchmarks/h200_campaign.sh
+#   PHASE=peer|sweep SMOL=DIR SMOL_HEAD=DIR QWEN=DIR QWEN_HEAD=DIR [QWEN15=DIR QWEN15_HEAD=DIR] [WHL=DIR] OUT=DIR \
+#     bash benchmarks/h200_campaign.sh
+# Heads run unquantized (--drafter-bits 16): they are small, and 4 bits costs acceptance.
+# Timed work runs one process at a time: nothing else shares the GPU while a sweep measures.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-if ls .whl/*.whl >/dev/null 2>&1; then  # the peer, mlx-dspark 0.20.3 (benchmarks/ship_peer.sh)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
 run() { echo "== $*"; "$@"; echo "rc=$?"; }
-run timeout 170 python3 benchmarks/peer_vs_ours.py --model "$SMOL" --drafter "$SMOL_HEAD" --caps 2,4 --repeats 2 \
-  --max-new-tokens 192 --json "$OUT/peer_smollm2.json" 2>&1 | grep -v Warning | tail -22
-run timeout 170 python3 benchmarks/peer_vs_ours.py --model "$QWEN" --drafter "$QWEN_HEAD" --caps 4,7 --repeats 2 \
-  --max-new-tokens 192 --json "$OUT/peer_qwen05.json" 2>&1 | grep -v Warning | tail -22
-for pair in "smollm2 $SMOL $SMOL_HEAD 2,4" "qwen05 $QWEN $QWEN_HEAD 4,7"; do
-  set -- $pair
-  run timeout 150 python3 -m dspark_lab sweep -m "$2" -d "$3" --modes lookup,dspark --caps "$4" --prompts code,math,chat \
-    --prompt-limit 5 --trials 1 -n 128 --db /tmp/campaign.duckdb --json "$OUT/sweep_$1.json" 2>&1 | grep -v "━" | tail -6
-done
+quiet() { grep -v "Warning\|━\|incorrect regex\|fix_mistral_regex"; }
+if [ "${PHASE:-}" = peer ]; then
+  WHL=${WHL:-.whl}
+  if ls "$WHL"/*.whl >/dev/null 2>&1; then  # the peer, mlx-dspark 0.20.3 (benchmarks/ship_peer.sh)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHL"/*.whl \
+      && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  fi
+  if [ -n "${QWEN15:-}" ]; then
+    run timeout 290 python3 benchmarks/peer_vs_ours.py --model "$QWEN15" --drafter "$QWEN15_HEAD" --draft-model "$QWEN" \
+      --caps 3,5,7 --peer-caps 7 --repeats 2 --drafter-bits 16 --max-new-tokens 160 --json "$OUT/peer_qwen15.json" 2>&1 | quiet | tail -30
+  fi
+  run timeout 170 python3 benchmarks/peer_vs_ours.py --model "$QWEN" --drafter "$QWEN_HEAD" --caps 4,7 --peer-caps 7 --repeats 2 \
+    --drafter-bits 16 --max-new-tokens 160 --json "$OUT/peer_qwen05.json" 2>&1 | quiet | tail -22
+fi
+if [ "${PHASE:-}" = sweep ]; then
+  sweep() {  # name model head caps extra...
+    local name=$1 model=$2 head=$3 caps=$4; shift 4
+    run timeout "${SWEEP_TIMEOUT:-170}" python3 -m dspark_lab sweep -m "$model" -d "$head" --caps "$caps" --prompts code,math,chat \
+      --prompt-limit 4 --trials 1 -n 128 --drafter-bits 16 --db /tmp/campaign.duckdb --json "$OUT/sweep_$name.json" "$@" 2>&1 | quiet | tail -8
+  }
+  sweep smollm2 "$SMOL" "$SMOL_HEAD" 2,4 --modes lookup,dspark
+  sweep qwen05 "$QWEN" "$QWEN_HEAD" 4,7 --modes lookup,dspark
+  [ -n "${QWEN15:-}" ] && sweep qwen15 "$QWEN15" "$QWEN15_HEAD" 3,7 --modes lookup,dspark,draft --draft-model "$QWEN"
+fi
+ls -la "$OUT"

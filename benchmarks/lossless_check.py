@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--cap", type=int, default=4)
     ap.add_argument("--lookup-drafts", action="store_true")
     ap.add_argument("--no-lookup-arm", action="store_true")
+    ap.add_argument("--drafter-bits", type=int, default=4, help="head weight bits (16 = as saved)")
     ap.add_argument("--out")
     args = ap.parse_args()
     target, tok = load_target(args.model)
@@ -39,7 +40,7 @@ def main() -> None:
     if args.head:
         from dspark_lab.engine.drafters.load import load_dflash, load_dspark
 
-        head = (load_dflash if args.mode == "dflash" else load_dspark)(args.head, target)
+        head = (load_dflash if args.mode == "dflash" else load_dspark)(args.head, target, bits=args.drafter_bits)
     prompts = [p for s in load_prompt_sets(args.prompts, limit=args.limit) for p in s.prompts]
     t0 = time.perf_counter()
     first = encode_prompt(tok, prompts[0].as_input())
@@ -55,15 +56,16 @@ def main() -> None:
                                                    lookup_drafts=args.lookup_drafts)
         for name, r in arms.items():
             div = first_divergence(target, ids, base.token_ids, r.token_ids)
-            rows.append({"prompt": p.id, "arm": name, "context": len(ids) + base.num_tokens, "identical": div is None,
+            rows.append({"prompt": p.id, "set": p.domain, "arm": name, "context": len(ids) + base.num_tokens, "identical": div is None,
                          "divergence": div, "mean_accept": round(r.mean_accept_len, 2),
                          "speedup": round(r.decode_tokens_per_sec / base.decode_tokens_per_sec, 3) if base.decode_tokens_per_sec else None})
             print(json.dumps(rows[-1]))
     same = sum(r["identical"] for r in rows)
     print(f"{same}/{len(rows)} identical; {time.perf_counter() - t0:.0f} s in all")
     for arm in sorted({r["arm"] for r in rows}):
-        acc = [r["mean_accept"] for r in rows if r["arm"] == arm]
-        print(f"{arm}: mean accept length {sum(acc) / len(acc):.3f} over {len(acc)} prompts (per-prompt mean)")
+        for domain in sorted({r["set"] for r in rows}) + [None]:
+            acc = [r["mean_accept"] for r in rows if r["arm"] == arm and domain in (None, r["set"])]
+            print(f"{arm} {domain or 'all'}: mean accept length {sum(acc) / len(acc):.3f} over {len(acc)} prompts (per-prompt mean)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"model": args.model, "rows": rows}, f, indent=2)

@@ -10,6 +10,7 @@ Arms, per prompt (every arm gets the same prompt token ids):
   ours@k        our speculative_generate with the DSpark head, lookup drafts off, cap k
   peer@k        mlx_dspark.speculative_generate on the same head, lookup drafts off, cap k
   mlxlm_draft@k mlx-lm's draft-model speculative decoding (only with --draft-model)
+  ours_draft@k  our draft-model mode on the same small model (only with --draft-model)
 
 Every arm runs once untimed first (kernel compiles; NVRTC on CUDA), then `--repeats` timed
 passes with the arms interleaved so drift hits them alike; the median is reported.
@@ -98,6 +99,14 @@ def our_greedy_arm(target, tokenizer, ids, max_tokens, eos):
     t = time.perf_counter()
     r = greedy_generate(target, tokenizer, ids, max_new_tokens=max_tokens)
     return Run(_strip_eos(r.token_ids, eos), r.decode_tokens_per_sec, time.perf_counter() - t)
+
+
+def our_draft_model_arm(target, tokenizer, draft, ids, max_tokens, cap, eos):
+    from dspark_lab import draft_model_generate
+
+    t = time.perf_counter()
+    r = draft_model_generate(target, tokenizer, draft, ids, max_new_tokens=max_tokens, max_draft_tokens=cap)
+    return Run(_strip_eos(r.token_ids, eos), r.decode_tokens_per_sec, time.perf_counter() - t, r.mean_accept_len)
 
 
 def our_spec_arm(target, tokenizer, head, ids, max_tokens, cap, eos):
@@ -201,6 +210,7 @@ def parse_args(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--caps", default="2,4,7", help="draft caps (max_draft_tokens) for ours and the peer")
     ap.add_argument("--repeats", type=int, default=3, help="timed passes per arm and prompt (median reported)")
+    ap.add_argument("--peer-caps", help="caps for the peer's arms (default: --caps); the peer is slow, so fewer saves time")
     ap.add_argument("--drafter-bits", type=int, default=4, help="head weight bits, both engines (16 = unquantized)")
     ap.add_argument("--draft-model", help="small model for mlx-lm's own draft-model speculative decoding")
     ap.add_argument("--copy-mib", type=int, default=1024, help="array size for the bandwidth measurement")
@@ -250,6 +260,7 @@ def run(args) -> dict:
     from dspark_lab.engine.text import encode_prompt
 
     caps = [int(c) for c in args.caps.split(",") if c.strip()]
+    peer_caps = [int(c) for c in (args.peer_caps or args.caps).split(",") if c.strip()]
     names = [p.strip() for p in args.prompts.split(",") if p.strip()]
     unknown = [p for p in names if p not in PROMPTS]
     if unknown:
@@ -260,6 +271,10 @@ def run(args) -> dict:
     eos = {int(t) for t in getattr(tok, "eos_token_ids", None) or []}
     max_caps = int(head.config.max_drafts)
     draft_model = mlx_lm_load(args.draft_model)[0] if args.draft_model else None
+    if args.draft_model:  # ours in draft-model mode, on the same small model (its own copy, loaded our way)
+        from dspark_lab import load_target
+
+        our_draft = load_target(args.draft_model)[0]
     peer, peer_error = (None, "skipped (--no-peer)") if args.no_peer else load_peer(
         target.model, tok, args.drafter, args.drafter_bits, args.model, args.peer_own_target)
     load_s = time.perf_counter() - t_load
@@ -276,6 +291,8 @@ def run(args) -> dict:
             arms[f"ours@{k}"] = lambda ids, k=k: our_spec_arm(target, tok, head, ids, args.max_new_tokens, k, eos)
         if peer is None:
             skipped[f"peer@{k}"] = peer_error
+        elif k not in peer_caps:
+            skipped[f"peer@{k}"] = "not in --peer-caps"
         elif k > peer.max_draft:
             skipped[f"peer@{k}"] = f"cap {k} > the peer's max draft {peer.max_draft} for this head"
         else:
@@ -283,6 +300,7 @@ def run(args) -> dict:
         if draft_model is not None:
             arms[f"mlxlm_draft@{k}"] = lambda ids, k=k: mlx_lm_arm(target.model, tok, ids, args.max_new_tokens, eos,
                                                                   draft_model, k)
+            arms[f"ours_draft@{k}"] = lambda ids, k=k: our_draft_model_arm(target, tok, our_draft, ids, args.max_new_tokens, k, eos)
 
     encoded = {p: encode_prompt(tok, PROMPTS[p]) for p in names}
     errors = dict(skipped)

@@ -484,14 +484,17 @@ def distill(
     tokens: Annotated[int, typer.Option(help="Continuation tokens of the target to generate as training data.")] = 20000,
     max_new_tokens: Annotated[int, typer.Option(help="Longest continuation per prompt (each prompt is continued once).")] = 192,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay to a tenth).")] = 5e-4,
-    anchors: Annotated[int, typer.Option(help="Anchor positions per step, spread over its sequences.")] = 16,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay to a tenth over --steps, or over --minutes where that ends first).")] = 5e-4,
+    anchors: Annotated[int, typer.Option(help="Anchor positions per step (anchors // seqs in each sequence; all blocks of a sequence share one attention call).")] = 16,
     seqs: Annotated[int, typer.Option(help="Sequences per step, through the target in one batched forward (more signal per step where a step is launch-bound, as on a GPU).")] = 1,
     held_out: Annotated[int, typer.Option(help="Prompts per set kept out of training for evaluation.")] = 2,
     eval_every: Annotated[int, typer.Option(help="Steps between held-out acceptance measurements.")] = 200,
+    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (head + optimizer, for --resume); the last step is always saved.")] = 500,
     batch: Annotated[int, typer.Option(help="Prompts the target continues at once when generating the data (1: one by one, exact greedy).")] = 32,
     max_len: Annotated[int, typer.Option(help="Cut training sequences to this many tokens (the continuation is kept).")] = 512,
     minutes: Annotated[float, typer.Option(help="Stop training after this many minutes (0: run all --steps); the head is saved and measured either way.")] = 0.0,
+    data_minutes: Annotated[float, typer.Option(help="Stop generating training data after this many minutes (0: until --tokens); training uses what was made.")] = 0.0,
+    warmup: Annotated[int, typer.Option(help="Steps of linear learning-rate warmup before the cosine decay.")] = 100,
     save_dtype: Annotated[str, typer.Option(help="dtype of the saved head: bfloat16, float16 or float32.")] = "bfloat16",
     slot_decay: Annotated[float, typer.Option(help="Loss weight of block slot k is slot_decay**k (early drafts decide acceptance).")] = 0.8,
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
@@ -500,8 +503,8 @@ def distill(
     from .lab.distill import DistillConfig, distill as run_distill
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, prompts=prompts,
-                        tokens=tokens, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every,
-                        batch=batch, max_len=max_len, minutes=minutes, save_dtype=save_dtype, slot_decay=slot_decay, command="dspark-lab " + " ".join(sys.argv[1:]))
+                        tokens=tokens, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
+                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, save_dtype=save_dtype, slot_decay=slot_decay, command="dspark-lab " + " ".join(sys.argv[1:]))
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     out.print(f"head written to {path}; try: dspark-lab generate -m {model} -d {path} --mode dspark")
 

@@ -12,7 +12,7 @@ from dspark_lab.lab.distill import DistillConfig, distill
 
 def config(model, out, **kw):
     base = dict(model=str(model), out=str(out), block=4, layers=1, markov_rank=32, tokens=300, max_new_tokens=30,
-                steps=30, anchors=8, eval_every=15, checkpoint_every=10, held_out=1, lr=3e-3, prompts="code,math")
+                steps=30, anchors=8, eval_every=15, checkpoint_every=10, held_out=1, lr=3e-3, warmup=3, prompts="code,math")
     base.update(kw)
     return DistillConfig(**base)
 
@@ -159,10 +159,10 @@ def test_a_larger_token_budget_tops_up_the_data_with_unused_prompts(tiny_dirs, t
 
 def test_a_batch_of_sequences_trains_exactly_like_each_sequence_alone(tiny_dirs, trained):
     """--seqs: right-padded sequences through one batched forward. Each real row's taps, and the
-    block loss of anchors in any one sequence, equal those of that sequence fed alone."""
+    block loss terms of each sequence's anchors, equal those of that sequence fed alone."""
     import mlx.core as mx
 
-    from dspark_lab.lab.distill import block_loss
+    from dspark_lab.lab.distill import block_loss_terms
 
     target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], trained, drafter_bits=16)
     c, t = drafter.config, drafter.config.target_layer_ids
@@ -171,17 +171,43 @@ def test_a_batch_of_sequences_trains_exactly_like_each_sequence_alone(tiny_dirs,
     width = len(long_) + 5
     batch = mx.array([long_ + [0] * (width - len(long_)), short + [7] * (width - len(short))], dtype=mx.uint32)
     taps = target.taps_batch(batch, t)
-    alone = target.forward(mx.array(short, dtype=mx.uint32), target.make_cache(), taps=t).taps
-    for layer in t:
-        assert mx.allclose(taps[layer][1, : len(short)], alone[layer], atol=1e-4).item()
     cat = mx.concatenate([taps[x] for x in t], axis=-1)
-    anchors = mx.array(list(range(2, len(short) - 2, 3)), dtype=mx.int32)
-    batched = block_loss(drafter.head, c, target.embed, target.head_logits, cat, batch, anchors,
-                         mx.array([len(long_), len(short)]), 0.8, mx.ones(anchors.shape, dtype=mx.int32))
-    single_cat = mx.concatenate([alone[x] for x in t], axis=-1)
-    single = block_loss(drafter.head, c, target.embed, target.head_logits, single_cat, mx.array(short, dtype=mx.uint32),
-                        anchors, len(short), 0.8)
-    assert abs(batched.item() - single.item()) < 1e-3 * max(1.0, abs(single.item()))
+    n = len(range(2, len(short) - 2, 3))
+    anchors = [list(range(1, len(long_) - 2, 2))[:n], list(range(2, len(short) - 2, 3))]
+    batched = block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, batch, mx.array(anchors, dtype=mx.int32),
+                               mx.array([len(long_), len(short)]), 0.8)
+    total = weight = 0.0
+    for b, (ids, a) in enumerate(zip((long_, short), anchors)):
+        alone = target.forward(mx.array(ids, dtype=mx.uint32), target.make_cache(), taps=t).taps
+        for layer in t:
+            assert mx.allclose(taps[layer][b, : len(ids)], alone[layer], atol=1e-4).item()
+        one = block_loss_terms(drafter.head, c, target.embed, target.head_logits, mx.concatenate([alone[x] for x in t], axis=-1),
+                               mx.array(ids, dtype=mx.uint32), mx.array(a, dtype=mx.int32), len(ids), 0.8)
+        total, weight = total + one[0].item(), weight + one[1].item()
+    assert batched[1].item() == pytest.approx(weight)
+    assert batched[0].item() == pytest.approx(total, rel=1e-4)
+
+
+def test_training_blocks_are_the_blocks_inference_drafts(tiny_dirs, trained):
+    """The teacher-forced block of an anchor (all anchors of a sequence in one attention call)
+    has the hidden states DSparkDrafter computes at inference from the context before it."""
+    import mlx.core as mx
+
+    from dspark_lab.lab.distill import _block_forward
+
+    target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], trained, drafter_bits=16)
+    c, t = drafter.config, drafter.config.target_layer_ids
+    row = json.loads((trained / "data.jsonl").read_text().splitlines()[0])
+    ids = mx.array(row["ids"], dtype=mx.uint32)
+    taps = target.forward(ids, target.make_cache(), taps=t).taps
+    ctx = drafter.fuse(taps)[None]
+    anchors = list(range(row["prompt_len"] - 1, len(row["ids"]) - 2, 3))
+    trained_rows = _block_forward(drafter.head, c, target.embed, ctx, ids[None], mx.array([anchors], dtype=mx.int32))[0]
+    for i, a in enumerate(anchors):
+        drafter.reset()
+        drafter.append_context({x: taps[x][:a] for x in t})
+        inferred = drafter.hidden(int(ids[a].item()), c.block_size)
+        assert mx.allclose(trained_rows[i], inferred, atol=1e-4).item(), f"anchor {a}"
 
 
 def test_several_sequences_per_step_train(tiny_dirs, tmp_path):
@@ -191,3 +217,48 @@ def test_several_sequences_per_step_train(tiny_dirs, tmp_path):
     assert sum(e["loss"] for e in log[-5:]) < 0.7 * sum(e["loss"] for e in log[:5])
     with pytest.raises(InputError, match="at least --seqs"):
         config(tiny_dirs["qwen3"], out, seqs=4, anchors=2)
+
+
+def test_the_dense_training_head_gives_the_targets_logits(tiny_dirs):
+    """Training projects through a dense copy of the target's vocabulary head; for a 4-bit tied
+    head (quantized embeddings) it must give the quantized head's logits."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from dspark_lab import load_target
+    from dspark_lab.engine.target import Target
+    from dspark_lab.lab.distill import dense_lm_head
+
+    for quantize in (False, True):
+        target, _ = load_target(tiny_dirs["qwen2"])
+        if quantize:
+            nn.quantize(target.model, group_size=32, bits=4)
+            target = Target(target.model, target.config)
+            assert "Quantized" in type(target.model.model.embed_tokens).__name__
+        h = mx.random.normal((3, 5, target.hidden_size))
+        want = target.head_logits(h)
+        got = dense_lm_head(target)(h)
+        assert got.shape == want.shape
+        assert mx.allclose(got, want, atol=1e-3, rtol=1e-3).item()
+
+
+def test_learning_rate_warms_up_then_decays_over_steps_or_the_time_budget(tmp_path):
+    from dspark_lab.lab.distill import learning_rate
+
+    cfg = config("m", tmp_path, lr=1e-3, warmup=10, steps=1000)
+    assert learning_rate(cfg, 0, 0) == pytest.approx(1e-4)
+    assert learning_rate(cfg, 9, 0) == pytest.approx(1e-3)
+    assert learning_rate(cfg, 500, 0) == pytest.approx(0.55e-3)
+    assert learning_rate(cfg, 1000, 0) == pytest.approx(1e-4)
+    timed = config("m", tmp_path, lr=1e-3, warmup=10, steps=1000, minutes=2)
+    assert learning_rate(timed, 100, 60) == pytest.approx(0.55e-3)  # half the budget spent: mid-cosine
+    assert learning_rate(timed, 100, 600) == pytest.approx(1e-4)
+
+
+def test_a_data_time_budget_keeps_what_was_made(tiny_dirs, tmp_path):
+    out = tmp_path / "head"
+    said = []
+    distill(config(tiny_dirs["qwen3"], out, steps=2, eval_every=100, tokens=10_000, batch=2, data_minutes=1e-4),
+            progress=False, say=said.append)
+    rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    assert any("data time budget" in m for m in said) and len(rows) == 2  # one batch, then the budget

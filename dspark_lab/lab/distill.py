@@ -54,14 +54,16 @@ class DistillConfig:
     max_new_tokens: int = 192  # per continuation
     steps: int = 1000
     lr: float = 5e-4
-    anchors: int = 16  # anchor positions per training step (spread over its sequences)
+    anchors: int = 16  # anchor positions per training step, anchors // seqs in each sequence
     seqs: int = 1  # sequences per training step (one batched target forward)
     held_out: int = 2  # prompts per set kept for evaluation
     eval_every: int = 200
-    checkpoint_every: int = 100
+    checkpoint_every: int = 500
     batch: int = 32  # prompts generated together for the data (1: one at a time)
     max_len: int = 512  # training sequences are cut to this many tokens (few shapes to compile)
     minutes: float = 0.0  # > 0: stop training after this long (then save as at the last step)
+    data_minutes: float = 0.0  # > 0: stop generating data after this long (training uses what was made)
+    warmup: int = 100  # steps of linear learning-rate warmup
     save_dtype: str = "bfloat16"  # dtype of the saved head (float32 doubles its size)
     slot_decay: float = 0.8  # weight of block slot k in the loss is slot_decay**k (early slots decide acceptance)
     taps: list[int] | None = None
@@ -70,15 +72,15 @@ class DistillConfig:
     command: str = ""  # the command line, for the model card
 
     def __post_init__(self) -> None:
-        for name in ("block", "layers", "tokens", "steps", "anchors", "max_new_tokens", "seqs"):
+        for name in ("block", "layers", "tokens", "steps", "anchors", "max_new_tokens", "seqs", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
         if self.block < 2:
             raise InputError("--block must be >= 2 (an anchor and at least one mask slot).")
         if self.anchors < self.seqs:
             raise InputError(f"--anchors ({self.anchors}) must be at least --seqs ({self.seqs}): every sequence needs an anchor.")
-        if self.batch < 1 or self.max_len < 2 * PAD_TO or self.minutes < 0:
-            raise InputError(f"--batch must be >= 1, --max-len >= {2 * PAD_TO} and --minutes >= 0.")
+        if self.batch < 1 or self.max_len < 2 * PAD_TO or self.minutes < 0 or self.data_minutes < 0 or self.warmup < 0:
+            raise InputError(f"--batch must be >= 1, --max-len >= {2 * PAD_TO}, and --minutes, --data-minutes, --warmup >= 0.")
         if not 0 < self.slot_decay <= 1:
             raise InputError(f"--slot-decay must be in (0, 1], got {self.slot_decay}.")
         if self.save_dtype not in ("bfloat16", "float16", "float32"):
@@ -144,8 +146,15 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
 
         # Each prompt once: greedy continuations of the same prompt are identical, so going
         # round again would only duplicate data.
+        t0, made0 = time.perf_counter(), made
+        exhausted = True  # every prompt continued (no budget ended the loop)
         for start in range(0, len(train_prompts), cfg.batch):
             if made >= cfg.tokens:
+                exhausted = False
+                break
+            if cfg.data_minutes and time.perf_counter() - t0 > 60 * cfg.data_minutes:
+                say(f"data time budget of {cfg.data_minutes} min reached: {made} of the {cfg.tokens} tokens asked for")
+                exhausted = False
                 break
             chunk = train_prompts[start : start + cfg.batch]
             encoded = [encode_prompt(tokenizer, p.as_input()) for _, p in chunk]
@@ -156,10 +165,11 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
                 outs, how = _batch_greedy(target, tokenizer, encoded, cfg.max_new_tokens), "greedy-batched"
             for (s, p), ids, out in zip(chunk, encoded, outs):
                 keep(s, p, ids, out, how)
-            say(f"data: {made}/{cfg.tokens} continuation tokens in {len(data)} sequences")
+            spent = time.perf_counter() - t0
+            say(f"data: {made}/{cfg.tokens} continuation tokens in {len(data)} sequences ({spent:.0f} s, {(made - made0) / spent:.0f} tokens/s)")
         if made == 0:
             raise InputError("the target produced no continuation tokens for any prompt.")
-        if made < cfg.tokens:
+        if made < cfg.tokens and exhausted:
             say(f"every prompt is continued once: {made} of the {cfg.tokens} tokens asked for; add prompts for more")
     say(f"generated {made} continuation tokens in {len(data)} sequences")
     return data, held
@@ -180,72 +190,103 @@ def _batch_greedy(target: Target, tokenizer, prompts: list[list[int]], max_new_t
 
 # --- training ---------------------------------------------------------------------------------
 
-def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, tokens: mx.array, anchors: mx.array,
-                   seq: mx.array) -> mx.array:
-    """Final-norm hidden states (A, block, H) of one block per anchor, as inference computes
-    them: block rows see the context rows before their anchor and their whole block. ctx is
-    (B, L, H) for B sequences, tokens (B, L); anchor i sits at position anchors[i] of sequence
-    seq[i]."""
-    A, bs, L = anchors.shape[0], c.block_size, ctx.shape[1]
-    ids = mx.concatenate([tokens[seq, anchors][:, None], mx.full((A, bs - 1), c.mask_token_id, dtype=tokens.dtype)], axis=1)
-    h = embed(ids)
-    k_pos = mx.arange(L + bs)[None, None, None]
-    visible = (k_pos < anchors[:, None, None, None]) | (k_pos >= L)  # context before the anchor, and the block
+def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, tokens: mx.array, anchors: mx.array) -> mx.array:
+    """Final-norm hidden states (B, A, block, H) of one block per anchor, as inference computes
+    them: block rows see the context rows before their anchor and their whole block.
+
+    ctx (B, L, H) and tokens (B, L) hold B sequences; anchors (B, A) are positions in them. All
+    blocks of a sequence go through attention together, as rows of one query matrix against its
+    context keys once (not copied per anchor) followed by every block's keys; the mask lets a
+    row see the context before its anchor and its own block only. The masked keys weigh nothing,
+    so each row's output is exactly that of its block alone."""
+    B, A = anchors.shape
+    bs, L = c.block_size, ctx.shape[1]
+    first = mx.take_along_axis(tokens, anchors, axis=1)  # (B, A)
+    ids = mx.concatenate([first[..., None], mx.full((B, A, bs - 1), c.mask_token_id, dtype=tokens.dtype)], axis=2)
+    h = embed(ids.reshape(B * A, bs))  # (B*A, bs, H): rope wants one offset per row group
+    flat_anchors = anchors.reshape(-1)
+    row_block = mx.repeat(mx.arange(A), bs)  # (A*bs,): the block each query row belongs to
+    sees_ctx = mx.arange(L)[None, None] < anchors[:, :, None]  # (B, A, L)
+    sees_ctx = mx.repeat(sees_ctx, bs, axis=1)  # (B, A*bs, L)
+    sees_block = mx.broadcast_to(row_block[:, None] == row_block[None, :], (B, A * bs, A * bs))
+    mask = mx.concatenate([sees_ctx, sees_block], axis=2)[:, None]  # (B, 1, A*bs, L + A*bs)
+
+    def rows(x):  # (B*A, heads, bs, d) -> (B, heads, A*bs, d)
+        n, d = x.shape[1], x.shape[3]
+        return x.reshape(B, A, n, bs, d).transpose(0, 2, 1, 3, 4).reshape(B, n, A * bs, d)
+
     for layer in head.layers:
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = attn._rope(attn.q_norm(attn.q_proj(x).reshape(A, bs, c.num_attention_heads, -1)).transpose(0, 2, 1, 3), anchors)
-        kb = attn._rope(attn.k_norm(attn.k_proj(x).reshape(A, bs, c.kv_heads, -1)).transpose(0, 2, 1, 3), anchors)
-        vb = attn.v_proj(x).reshape(A, bs, c.kv_heads, -1).transpose(0, 2, 1, 3)
-        kc, vc = attn.kv(ctx, 0)
-        if ctx.shape[0] == 1:  # one sequence: broadcast its keys instead of copying them per anchor
-            kc, vc = mx.broadcast_to(kc, (A,) + kc.shape[1:]), mx.broadcast_to(vc, (A,) + vc.shape[1:])
-        else:
-            kc, vc = kc[seq], vc[seq]
-        keys = mx.concatenate([kc, kb], axis=2)
-        values = mx.concatenate([vc, vb], axis=2)
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=visible)
-        h = h + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(A, bs, -1))
+        q = attn._rope(attn.q_norm(attn.q_proj(x).reshape(B * A, bs, c.num_attention_heads, -1)).transpose(0, 2, 1, 3), flat_anchors)
+        kb = attn._rope(attn.k_norm(attn.k_proj(x).reshape(B * A, bs, c.kv_heads, -1)).transpose(0, 2, 1, 3), flat_anchors)
+        vb = attn.v_proj(x).reshape(B * A, bs, c.kv_heads, -1).transpose(0, 2, 1, 3)
+        kc, vc = attn.kv(ctx, 0)  # (B, kv_heads, L, d)
+        keys = mx.concatenate([kc, rows(kb)], axis=2)
+        values = mx.concatenate([vc, rows(vb)], axis=2)
+        out = mx.fast.scaled_dot_product_attention(rows(q), keys, values, scale=attn.scale, mask=mask)
+        out = out.reshape(B, c.num_attention_heads, A, bs, -1).transpose(0, 2, 3, 1, 4).reshape(B * A, bs, -1)
+        h = h + attn.o_proj(out)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return head.norm(h)
+    return head.norm(h).reshape(B, A, bs, -1)
 
 
-def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None, slot_decay: float = 1.0,
-               seq=None):
-    """Mean cross-entropy of every block slot's prediction (slot k: the token k+1 after the anchor),
-    slot k weighted by slot_decay**k: a draft is accepted only up to its first miss, so the early
-    slots are worth more than the late ones.
+def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None,
+                     slot_decay: float = 1.0) -> tuple[mx.array, mx.array]:
+    """(sum of weighted cross-entropies, sum of weights) of every block slot's prediction (slot k:
+    the token k+1 after the anchor), slot k weighted by slot_decay**k: a draft is accepted only
+    up to its first miss, so the early slots are worth more than the late ones.
 
-    One sequence: taps_cat (L, T*H), tokens (L,), length an int. A batch: taps_cat (B, L, T*H),
-    tokens (B, L), length (B,) and seq (A,) naming each anchor's sequence. Tokens may be padded
-    past their length: padding is never a target, and no anchor's context reaches it (context
-    rows are those before the anchor)."""
+    One sequence: taps_cat (L, T*H), tokens (L,), anchors (A,), length an int. A batch:
+    taps_cat (B, L, T*H), tokens (B, L), anchors (B, A), length (B,). Tokens may be padded past
+    their length: padding is never a target, and no anchor's context reaches it (context rows
+    are those before the anchor)."""
     if tokens.ndim == 1:
-        tokens, taps_cat = tokens[None], taps_cat[None]
+        tokens, taps_cat, anchors = tokens[None], taps_cat[None], anchors[None]
         length = None if length is None else mx.array([length])
     B, L, bs = tokens.shape[0], tokens.shape[1], c.block_size
-    seq = mx.zeros((anchors.shape[0],), dtype=mx.int32) if seq is None else seq
     ctx = head.hidden_norm(head.fc(taps_cat))
-    hidden = _block_forward(head, c, embed, ctx, tokens, anchors, seq)
-    logits = lm_head(hidden).astype(mx.float32)  # (A, bs, V)
-    pos = anchors[:, None] + mx.arange(bs)[None]  # position of each slot's previous token
-    limit = L if length is None else length[seq][:, None]
+    hidden = _block_forward(head, c, embed, ctx, tokens, anchors)
+    logits = lm_head(hidden).astype(mx.float32)  # (B, A, bs, V)
+    pos = anchors[..., None] + mx.arange(bs)  # (B, A, bs): position of each slot's previous token
+    limit = L if length is None else length[:, None, None]
     valid = (pos + 1) < limit
-    rows = seq[:, None]
-    targets = tokens[rows, mx.minimum(pos + 1, L - 1)]
+    flat = lambda p: mx.minimum(p, L - 1).reshape(B, -1)  # noqa: E731
+    targets = mx.take_along_axis(tokens, flat(pos + 1), axis=1).reshape(pos.shape)
     if c.markov_rank:
-        prev = tokens[rows, mx.minimum(pos, L - 1)]
+        prev = mx.take_along_axis(tokens, flat(pos), axis=1).reshape(pos.shape)
         logits = logits + head.markov_head.markov_w2(head.markov_head.markov_w1(prev))
     ce = nn.losses.cross_entropy(logits, targets, reduction="none")
-    weight = valid * (slot_decay ** mx.arange(bs, dtype=mx.float32))[None]
-    return (ce * weight).sum() / mx.maximum(weight.sum(), 1e-6)
+    weight = valid * (slot_decay ** mx.arange(bs, dtype=mx.float32))
+    return (ce * weight).sum(), weight.sum()
+
+
+def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None, slot_decay: float = 1.0):
+    """Weighted mean cross-entropy of the block predictions (see `block_loss_terms`)."""
+    total, weight = block_loss_terms(head, c, embed, lm_head, taps_cat, tokens, anchors, length, slot_decay)
+    return total / mx.maximum(weight, 1e-6)
+
+
+def dense_lm_head(target: Target):
+    """The target's vocabulary projection as one dense matrix, for training. A quantized head
+    (4-bit tied embeddings) backpropagates through a transposed quantized matmul, slow where a
+    batch has thousands of rows; its dequantized weights give the same logits from one plain
+    matmul. Read generically, by projecting the identity (and zero, for a bias)."""
+    H = target.hidden_size
+    eye = mx.eye(H, dtype=target.embed(mx.array([0])).dtype)
+    bias = target.head_logits(mx.zeros((1, H), dtype=eye.dtype))
+    w = target.head_logits(eye) - bias  # (H, V)
+    mx.eval(w, bias)
+    if not mx.any(bias).item():
+        return lambda x: x.astype(w.dtype) @ w
+    return lambda x: x.astype(w.dtype) @ w + bias[0]
 
 
 def _training_batch(data: list[dict], rng, cfg: DistillConfig):
     """One step's batch: cfg.seqs sequences (cut to cfg.max_len, right-padded together to a
     multiple of PAD_TO: few distinct shapes, and on CUDA every new shape compiles its kernels
-    first) and cfg.anchors anchors spread over them -> (ids (B, L), lengths (B,), seq (A,),
-    anchors (A,)), or None when a drawn sequence has no continuation to learn from."""
+    first) and cfg.anchors // cfg.seqs anchors in each -> (ids (B, L), lengths (B,), anchors
+    (B, A)), or None when a drawn sequence has no continuation to learn from."""
     rows = [data[rng.randrange(len(data))] for _ in range(cfg.seqs)]
     seqs, ranges = [], []
     for row in rows:
@@ -258,16 +299,24 @@ def _training_batch(data: list[dict], rng, cfg: DistillConfig):
         ranges.append((lo, hi))
     width = max(len(x) for x in seqs)
     width += -width % PAD_TO
-    # Always cfg.anchors anchors in all (repeats when a sequence is short): one more fixed shape.
-    per = [cfg.anchors // cfg.seqs + (i < cfg.anchors % cfg.seqs) for i in range(cfg.seqs)]
-    seq_of, anchors = [], []
-    for i, ((lo, hi), k) in enumerate(zip(ranges, per)):
-        picks = rng.sample(range(lo, hi), k) if hi - lo >= k else [rng.randrange(lo, hi) for _ in range(k)]
-        seq_of += [i] * k
-        anchors += sorted(picks)
+    # The same anchor count in every sequence (repeats when one is short): one fixed shape.
+    k = cfg.anchors // cfg.seqs
+    anchors = [sorted(rng.sample(range(lo, hi), k) if hi - lo >= k else [rng.randrange(lo, hi) for _ in range(k)])
+               for lo, hi in ranges]
     ids = mx.array([x + [x[-1]] * (width - len(x)) for x in seqs], dtype=mx.uint32)
-    return (ids, mx.array([len(x) for x in seqs], dtype=mx.int32), mx.array(seq_of, dtype=mx.int32),
-            mx.array(anchors, dtype=mx.int32))
+    return ids, mx.array([len(x) for x in seqs], dtype=mx.int32), mx.array(anchors, dtype=mx.int32)
+
+
+def learning_rate(cfg: DistillConfig, step: int, seconds: float) -> float:
+    """Linear warmup over cfg.warmup steps, then a cosine from cfg.lr down to a tenth of it over
+    the run's progress: the step count, or the time budget where that ends first (so a run
+    stopped by --minutes still ends at the low rate instead of being cut at the peak)."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = step / cfg.steps
+    if cfg.minutes:
+        progress = max(progress, seconds / (60 * cfg.minutes))
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 def _save_checkpoint(head: DSparkHead, optimizer, ckpt: Path, step: int) -> None:
@@ -326,7 +375,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     data, held = prepare_data(target, tokenizer, cfg, say)
 
     head = DSparkHead(c, target.hidden_size)
-    optimizer = optim.AdamW(learning_rate=optim.cosine_decay(cfg.lr, cfg.steps, cfg.lr * 0.1), weight_decay=0.0)
+    optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=0.0)
     step = 0
     state_file = ckpt / "state.json"
     if resume and state_file.exists():
@@ -340,7 +389,8 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     elif resume:
         say("no checkpoint to resume from: starting at step 0")
     mx.eval(head.parameters())
-    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n, q: block_loss(h, c, target.embed, target.head_logits, t, x, a, n, cfg.slot_decay, q))
+    lm_head = dense_lm_head(target)
+    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay))
     log = (out / "train_log.jsonl").open("a")
     cap = min(c.max_drafts, 7)
     rng = __import__("random").Random(cfg.seed + step)
@@ -354,10 +404,11 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
             batch = _training_batch(data, rng, cfg)
             if batch is None:
                 continue
-            ids, lengths, seq, anchors = batch
+            ids, lengths, anchors = batch
             taps = target.taps_batch(ids, c.target_layer_ids)
             taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
-            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, seq)
+            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths)
+            optimizer.learning_rate = learning_rate(cfg, step, time.perf_counter() - t0)
             optimizer.update(head, grads)
             mx.eval(head.parameters(), optimizer.state, loss)
             step += 1
