@@ -481,7 +481,10 @@ def distill(
     layers: Annotated[int, typer.Option(help="Transformer layers in the head.")] = 1,
     markov_rank: Annotated[int, typer.Option(help="Rank of the Markov (previous-token) head; 0 for none.")] = 256,
     prompts: Annotated[str, typer.Option(help="Prompt corpus: built-in sets, .jsonl files, humaneval / gsm8k:PATH / sharegpt:PATH / mtbench:PATH.")] = "code,math,chat",
-    tokens: Annotated[int, typer.Option(help="Continuation tokens of the target to generate as training data.")] = 20000,
+    tokens: Annotated[int, typer.Option(help="Continuation tokens of the target to generate as training data (0: none, with --corpus).")] = 20000,
+    corpus: Annotated[str, typer.Option(help="Conversations the target reads instead of writes (sharegpt:PATH): one forward per sequence instead of a decode step per token.")] = "",
+    corpus_tokens: Annotated[int, typer.Option(help="Answer tokens to take from --corpus.")] = 0,
+    labels: Annotated[str, typer.Option(help="target: learn the target's own greedy prediction at every position (needed for --corpus); data: the stored next token.")] = "target",
     max_new_tokens: Annotated[int, typer.Option(help="Longest continuation per prompt (each prompt is continued once).")] = 192,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay to a tenth over --steps, or over --minutes where that ends first).")] = 5e-4,
@@ -503,7 +506,7 @@ def distill(
     from .lab.distill import DistillConfig, distill as run_distill
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, prompts=prompts,
-                        tokens=tokens, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
+                        tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
                         batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, save_dtype=save_dtype, slot_decay=slot_decay, command="dspark-lab " + " ".join(sys.argv[1:]))
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     out.print(f"head written to {path}; try: dspark-lab generate -m {model} -d {path} --mode dspark")

