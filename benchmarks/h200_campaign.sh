@@ -60,4 +60,7 @@ case "${PHASE:-}" in
     tail -n 40 "$OUT"/gpu*.log ;;
   *) echo "PHASE must be peer, sweep or all"; exit 2 ;;
 esac
+# The device hands back at most 8 files a call, and a call's OUT is empty at the next: keep the
+# logs, pack every result JSON into one archive.
+(cd "$OUT" && tar czf results.tgz ./*.json && rm -f ./*.json)
 ls -la "$OUT"

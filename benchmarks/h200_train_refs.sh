@@ -3,7 +3,10 @@
 # several processes share the GPU at little cost to each. Run from the checkout on the device
 # after `source /root/ship/mlx/activate`; models under /root/ship (see shared/device/README.md).
 #   SMOL=DIR QWEN=DIR [QWEN15=DIR] PROMPTS=humaneval:HumanEval.jsonl.gz,sharegpt.jsonl OUT=DIR \
-#     [SMOL_DATA=data.jsonl.gz] [MINUTES=4] [DATA_MINUTES=2] [GPUS=1] [EVAL=1] bash benchmarks/h200_train_refs.sh
+#     [SMOL_DATA=data.jsonl.gz] [MINUTES=4] [DATA_MINUTES=2] [GPUS=1] [EVAL=1] \
+#     [CORPUS=sharegpt:ShareGPT.json CORPUS_TOKENS=3000000] bash benchmarks/h200_train_refs.sh
+# CORPUS: conversations each target reads (one forward per sequence) on top of what it generates;
+# the runs below label every position with the target's own greedy prediction either way.
 # GPUS=4 (a 4-GPU machine): each run gets a GPU of its own, and a fourth trains a second SmolLM2
 # head with a larger batch and learning rate. EVAL=0 skips the evaluation (h200_campaign.sh does it).
 # Each head: its target's greedy continuations of PROMPTS (generated for DATA_MINUTES, or
@@ -24,7 +27,8 @@ train() {  # gpu name model block layers markov-rank seqs anchors eval-cap [dist
   timeout 570 python3 -m dspark_lab distill -m "$model" --out "/tmp/$name" --block "$block" --layers "$layers" \
     --markov-rank "$rank" --prompts "$PROMPTS" --tokens 3000000 --max-new-tokens 256 --batch 256 --data-minutes "$DM" \
     --steps 200000 --seqs "$seqs" --anchors "$anchors" --lr 1e-3 --warmup 200 --minutes "$M" --eval-every 1000000 \
-    --checkpoint-every 1000000 "$@" > "$OUT/${name}_distill.log" 2>&1
+    --checkpoint-every 1000000 ${CORPUS:+--corpus "$CORPUS" --corpus-tokens "${CORPUS_TOKENS:-3000000}"} "$@" \
+    > "$OUT/${name}_distill.log" 2>&1
   echo "$name distill rc=$? at ${SECONDS}s"
   [ "${EVAL:-1}" = 0 ] && return
   timeout $((585 - SECONDS)) python3 benchmarks/lossless_check.py --model "$model" --head "/tmp/$name" --drafter-bits 16 \

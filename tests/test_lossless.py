@@ -37,3 +37,5 @@ def test_first_divergence_on_a_real_model_reports_a_real_gap(tiny_dirs):
     assert first_divergence(target, prompt, ref, list(ref)) is None
     d = first_divergence(target, prompt, ref, other)
     assert d["index"] == 3 and d["logit_a"] > d["logit_b"] and d["tie"] is False
+    assert d["prefill_picks"] == "a"  # the greedy token is the fresh prefill's argmax
+    assert first_divergence(target, prompt, other, ref)["prefill_picks"] == "b"

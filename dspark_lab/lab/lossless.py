@@ -33,7 +33,9 @@ def is_numerical_tie(logit_a: float, logit_b: float, dtype: str) -> bool:
 
 def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: list[int]) -> dict | None:
     """None when `a == b`; else the first differing index and the logits of both tokens there,
-    from a fresh prefill of the common prefix (in the model's own logit dtype)."""
+    from a fresh prefill of the common prefix (in the model's own logit dtype), and which of the
+    two that prefill's argmax picks ("a", "b" or "other"): where it picks the token of the output
+    that was not decoded step by step, the step-by-step path is the one that rounded away from it."""
     i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if i is None:
         return None if len(a) == len(b) else {"index": min(len(a), len(b)), "length_differs": True}
@@ -41,5 +43,7 @@ def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: lis
     logits = out.astype(mx.float32)
     top = mx.sort(logits)[-2:].tolist()
     la, lb = logits[a[i]].item(), logits[b[i]].item()
+    best = int(mx.argmax(logits).item())
+    picks = "a" if best == a[i] else "b" if best == b[i] else "other"
     return {"index": i, "logit_a": round(la, 4), "logit_b": round(lb, 4), "top2_margin": round(top[1] - top[0], 4),
-            "logit_dtype": str(out.dtype), "tie": is_numerical_tie(la, lb, str(out.dtype))}
+            "logit_dtype": str(out.dtype), "tie": is_numerical_tie(la, lb, str(out.dtype)), "prefill_picks": picks}
