@@ -76,3 +76,27 @@ def test_probe_refuses_a_tap_that_does_not_reproduce_the_model(tiny_dirs):
 def test_tap_out_of_range(tiny_dirs):
     with pytest.raises(LoadError, match=r"tap layers \[5\] are out of range"):
         load_target(tiny_dirs["llama"], taps=[0, 5])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_launching_layers_early_changes_no_bit(tiny_dirs, family):
+    """Target.launch_every hands the device finished layers while the host builds the rest; the
+    same operations run, so logits, taps and whole speculative outputs are bit-identical."""
+    from conftest import PROMPTS
+    from dspark_lab import lookup_generate
+
+    target, tok = load_target(tiny_dirs[family])
+    ids = mx.array(tok.encode("def fibonacci(n): return n if n < 2 else"), dtype=mx.uint32)
+    runs = {}
+    for n in (0, 1, 3):
+        target.launch_every = n
+        out = target.forward(ids, target.make_cache(), taps=(0, target.num_layers - 1))
+        spec = [lookup_generate(target, tok, p, max_new_tokens=24, max_draft_tokens=4).token_ids for p in PROMPTS[:4]]
+        runs[n] = (np.array(out.logits), {t: np.array(v) for t, v in out.taps.items()}, spec)
+    target.launch_every = 0
+    for n in (1, 3):
+        assert np.array_equal(runs[n][0], runs[0][0])
+        assert all(np.array_equal(runs[n][1][t], runs[0][1][t]) for t in runs[0][1])
+        assert runs[n][2] == runs[0][2]
+    with pytest.raises(ValueError, match="launch_every"):
+        target.launch_every = -1

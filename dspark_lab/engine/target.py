@@ -46,6 +46,7 @@ class _TapRecorder:
     def __init__(self) -> None:
         self.wanted: frozenset[int] = frozenset()
         self.outputs: dict[int, mx.array] = {}
+        self.launch_every = 0  # > 0: start evaluating every this many layers (Target.launch_every)
 
 
 def _tapped_class(cls: type) -> type:
@@ -60,6 +61,8 @@ def _tapped_class(cls: type) -> type:
             if self._dspark_index in rec.wanted:
                 # mlx-vlm's Gemma 4 layers return (hidden, shared_kv, offset): the hidden comes first.
                 rec.outputs[self._dspark_index] = out[0] if isinstance(out, tuple) else out
+            if rec.launch_every and (self._dspark_index + 1) % rec.launch_every == 0:
+                mx.async_eval(out[0] if isinstance(out, tuple) else out)
             return out
 
         _TAPPED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__})
@@ -153,6 +156,22 @@ class Target:
             layer._dspark_index = i
         self.probed = False
         self.trims_only = True  # set by make_cache
+
+    @property
+    def launch_every(self) -> int:
+        """0, or N: while a forward's graph is being built, hand the device the first N layers,
+        then the next N, ... as soon as they are built (mx.async_eval), so the device computes
+        while the host builds the rest. Plain decoding already overlaps a step's building with
+        the previous step's computing; a speculative round cannot (it must read the verdict
+        before it builds the next draft), so there the host's building time otherwise adds to
+        the device's. The same operations run either way: outputs are bit-identical."""
+        return self._recorder.launch_every
+
+    @launch_every.setter
+    def launch_every(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"launch_every must be >= 0, got {n}")
+        self._recorder.launch_every = int(n)
 
     # --- cache -------------------------------------------------------------------------------
     def make_cache(self) -> list:

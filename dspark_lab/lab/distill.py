@@ -1,13 +1,16 @@
 """Distill a DSpark head for a model that has none, against the model's own outputs.
 
 1. Data: the target's own greedy continuations of a prompt corpus (chat template applied),
-   stored as token ids with their provenance (set, prompt id, set version, generation
-   settings) in `OUT/data.jsonl`; a few prompts per set are held out for evaluation.
-2. Training (MLX, any backend): the target runs once per sequence with the tap; the head
-   learns to predict the next block from anchor positions exactly as inference uses it: the
-   fused context of the rows before the anchor, the block `[anchor] + masks` attending to that
-   context and bidirectionally to itself, slot k predicting the token k+1 after the anchor,
-   the Markov term fed the true previous token (at inference it is the accepted draft).
+   and optionally whole conversations it only reads (`--corpus`, lab/corpus.py: one forward
+   per sequence instead of a decode step per token), stored as token ids with their provenance
+   (set, prompt id, set version, generation settings) in `OUT/data.jsonl`; a few prompts per
+   set are held out for evaluation.
+2. Training (MLX, any backend): the target runs once per batch of sequences with the tap; the
+   head learns to predict the next block from anchor positions exactly as inference uses it:
+   the fused context of the rows before the anchor, the block `[anchor] + masks` attending to
+   that context and bidirectionally to itself, slot k predicting the token k+1 after the anchor
+   (by default the target's own greedy prediction there, from the same forward), the Markov
+   term fed the token before it (at inference, the previous draft).
    Checkpoints (head, optimizer, step) make it resumable; `OUT/train_log.jsonl` logs loss and
    acceptance.
 3. Output: DeepSpec-native `config.json` + `model.safetensors` (the head binds the target's

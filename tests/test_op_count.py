@@ -1,0 +1,25 @@
+"""benchmarks/op_count.py on a tiny random pair: it counts each part's graph and times its
+construction, and a round's verify builds about as many operations as a plain step."""
+
+import importlib.util
+from pathlib import Path
+
+from dspark_lab.tiny import build_tiny_dspark
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "op_count.py"
+
+
+def test_counts_and_build_times_of_a_round(tiny_dirs, tmp_path):
+    spec = importlib.util.spec_from_file_location("op_count", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
+    r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "1,3", "--repeats", "2",
+                  "--context", "16", "--json", str(tmp_path / "r.json")])
+    assert r["greedy_step_total"] > 0 and r["greedy_build_ms"] > 0
+    assert [row["cap"] for row in r["rounds"]] == [1, 3]
+    for row in r["rounds"]:
+        assert row["draft_total"] > 0 and row["accept_trim_append_total"] > 0
+        assert row["verify_total"] >= r["greedy_step_total"]  # the same forward, wider, plus the accept rule
+        assert row["round_total"] == row["draft_total"] + row["verify_total"] + row["accept_trim_append_total"]
+    assert (tmp_path / "r.json").exists()
