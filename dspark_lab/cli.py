@@ -82,6 +82,7 @@ def generate(
     chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template", help="Wrap the prompt in the model's chat template.")] = True,
     kv_bits: Annotated[Optional[int], typer.Option(help="Quantize the KV cache to this many bits.")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights: float32 (fastest on CPU), float16, bfloat16.")] = None,
+    launch_every: Annotated[int, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")] = 0,
     trust_remote_code: TrustOpt = False,
 ):
     """Generate text from a prompt, streaming committed text, then print accept length and speed."""
@@ -134,6 +135,9 @@ def generate(
         max_draft = pair.max_draft_tokens
     if mode in (Mode.baseline, Mode.lookup):
         target, tokenizer = load_target(model, **load_opts)
+    if launch_every < 0:
+        raise DsparkError("--launch-every must be >= 0 (0: off).")
+    target.launch_every = launch_every
     controller = None
     if auto_cap and mode in (Mode.dspark, Mode.dflash, Mode.lookup, Mode.draft):
         from .db import open_db
@@ -272,6 +276,7 @@ def sweep(
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Run every arm once, untimed, before measuring.")] = True,
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
+    launch_every: Annotated[int, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")] = 0,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -286,7 +291,8 @@ def sweep(
         mode_list = _csv(modes) if modes else (["lookup"] + (["dspark", "dflash"] if drafter else []) + (["draft"] if draft_model else []))
         cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
-                          prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype)
+                          prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
+                          launch_every=launch_every)
     def event(msg: str) -> None:
         if verbose or not msg.startswith("stored"):
             err.print(f"[dim]{msg}[/]", highlight=False)
@@ -376,6 +382,7 @@ def benchmark(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Export the run as a result JSON file to submit.")] = None,
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
+    launch_every: Annotated[int, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")] = 0,
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
     speedup (with its 95% CI) and acceptance per domain."""
@@ -388,7 +395,8 @@ def benchmark(
     if len(modes) == 1:  # nothing to pair with: measure lookup, which needs no drafter
         modes.append("lookup")
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
-                      trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype)
+                      trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
+                      launch_every=launch_every)
     rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith("stored") else err.print(f"[dim]{m}[/]", highlight=False))
     engine = open_db(db)
     try:

@@ -263,3 +263,25 @@ def test_grid_file(tiny_dirs, head, tmp_path):
 def test_bad_sweep_configs(tiny_dirs, head, kw, match):
     with pytest.raises(InputError, match=match):
         small_config(tiny_dirs["qwen3"], head, **kw)
+
+
+def test_launch_every_changes_no_output_and_keeps_old_grid_keys(tiny_dirs, head, tmp_path):
+    """--launch-every reaches every arm's target; outputs are the same token ids as without it,
+    and a grid that does not use it keeps the key it had before the option existed."""
+    plain = small_config(tiny_dirs["qwen3"], head, caps=["2"], trials=1)
+    early = small_config(tiny_dirs["qwen3"], head, caps=["2"], trials=1, launch_every=1)
+    assert plain.key() != early.key()
+    from dataclasses import asdict
+    import hashlib
+
+    legacy = asdict(plain)
+    del legacy["draft_models"], legacy["launch_every"]
+    assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
+    outs = []
+    for cfg, name in ((plain, "a"), (early, "b")):
+        db = tmp_path / f"{name}.duckdb"
+        run_sweep(cfg, db, progress=False)
+        outs.append(rows(db, "select arm_key, prompt_id, output_hash from trials order by all"))
+    assert [r[1:] for r in outs[0]] == [r[1:] for r in outs[1]]
+    with pytest.raises(InputError, match="launch-every"):
+        small_config(tiny_dirs["qwen3"], head, launch_every=-1)

@@ -47,6 +47,7 @@ class SweepConfig:
     cooldown: float = 0.0  # seconds of sleep between arms
     drafter_bits: int = 4
     dtype: str | None = None
+    launch_every: int = 0  # Target.launch_every for every arm, the baseline included
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -66,12 +67,16 @@ class SweepConfig:
             raise InputError("--trials and --max-new-tokens must be >= 1.")
         if self.cooldown < 0:
             raise InputError("--cooldown must be >= 0 seconds.")
+        if self.launch_every < 0:
+            raise InputError("--launch-every must be >= 0 (0: off).")
 
     def key(self) -> str:
         """Identity of the grid, to find an unfinished run of the same sweep to resume."""
         fields = asdict(self)
         if not fields["draft_models"]:
             del fields["draft_models"]  # grids from before draft mode keep their key, so they still resume
+        if not fields["launch_every"]:
+            del fields["launch_every"]  # likewise for grids from before launch_every
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -184,7 +189,8 @@ def run_sweep(
     say = on_event or (lambda _m: None)
     sets = load_prompt_sets(cfg.prompt_sets, limit=cfg.prompt_limit)
     engine = open_db(db_path)
-    stamp = collect_device_stamp({"drafter_bits": cfg.drafter_bits, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens})
+    stamp = collect_device_stamp({"drafter_bits": cfg.drafter_bits, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
+                                  **({"launch_every": cfg.launch_every} if cfg.launch_every else {})})
     run_id = resume if isinstance(resume, str) else (find_resumable(engine, cfg) if resume else None)
     with Session(engine) as s:
         if run_id is not None:
@@ -233,6 +239,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
     from .controller import DEFAULT_ACCEPTANCE, CapController
 
     target, tok = load_target(model_id, dtype=cfg.dtype)
+    target.launch_every = cfg.launch_every
     drafters = {}  # (mode, drafter id) -> loaded head
     loaders = {"dspark": load_dspark, "dflash": load_dflash}
     for mode in (m for m in HEAD_MODES if m in cfg.modes):
