@@ -1,5 +1,6 @@
-"""benchmarks/op_count.py on a tiny random pair: it counts each part's graph and times its
-construction, and a round's verify builds about as many operations as a plain step."""
+"""benchmarks/op_count.py and benchmarks/launch_overlap.py on a tiny random pair: op_count counts
+each part's graph and times its construction (a round's verify builds at least a plain step's
+operations); launch_overlap runs every arm and finds the outputs identical at every setting."""
 
 import importlib.util
 from pathlib import Path
@@ -23,3 +24,15 @@ def test_counts_and_build_times_of_a_round(tiny_dirs, tmp_path):
         assert row["verify_total"] >= r["greedy_step_total"]  # the same forward, wider, plus the accept rule
         assert row["round_total"] == row["draft_total"] + row["verify_total"] + row["accept_trim_append_total"]
     assert (tmp_path / "r.json").exists()
+
+
+def test_launch_overlap_benchmark_runs_and_outputs_match(tiny_dirs, tmp_path):
+    script = SCRIPT.parent / "launch_overlap.py"
+    spec = importlib.util.spec_from_file_location("launch_overlap", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
+    r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--every", "0,1", "--cap", "3", "--prompts", "code",
+                  "--limit", "1", "--max-new-tokens", "8", "--repeats", "1"])
+    assert {row["arm"] for row in r["rows"]} == {"greedy@0", "spec@0", "greedy@1", "spec@1"}
+    assert all(row["identical_to_first"] and row["tok_s"] > 0 for row in r["rows"])
