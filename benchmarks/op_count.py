@@ -106,7 +106,7 @@ def measure(target, drafter, prompt: list[int], caps: list[int], repeats: int = 
             def build_accept():
                 target.trim(cache, cap - n)
                 drafter.append_context({t: rows[: n + 1] for t, rows in fo.taps.items()})
-                return [a for c in drafter.caches for a in c.state if isinstance(a, mx.array)] + _cache_state(cache)
+                return _cache_state(drafter.caches) + _cache_state(cache)
 
             state, dt = _timed(build_accept)
             times["accept_trim_append"].append(dt)

@@ -56,6 +56,7 @@ class Mode(str, Enum):
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (mode draft), directory or repo id.")]
+LaunchEveryOpt = Annotated[int, typer.Option(min=0, help="Hand the device every N finished layers of a forward while the rest is built (0: off); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
@@ -82,7 +83,7 @@ def generate(
     chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template", help="Wrap the prompt in the model's chat template.")] = True,
     kv_bits: Annotated[Optional[int], typer.Option(help="Quantize the KV cache to this many bits.")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights: float32 (fastest on CPU), float16, bfloat16.")] = None,
-    launch_every: Annotated[int, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")] = 0,
+    launch_every: LaunchEveryOpt = 0,
     trust_remote_code: TrustOpt = False,
 ):
     """Generate text from a prompt, streaming committed text, then print accept length and speed."""
@@ -135,8 +136,6 @@ def generate(
         max_draft = pair.max_draft_tokens
     if mode in (Mode.baseline, Mode.lookup):
         target, tokenizer = load_target(model, **load_opts)
-    if launch_every < 0:
-        raise DsparkError("--launch-every must be >= 0 (0: off).")
     target.launch_every = launch_every
     controller = None
     if auto_cap and mode in (Mode.dspark, Mode.dflash, Mode.lookup, Mode.draft):
@@ -276,7 +275,7 @@ def sweep(
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Run every arm once, untimed, before measuring.")] = True,
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
-    launch_every: Annotated[int, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")] = 0,
+    launch_every: LaunchEveryOpt = 0,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -382,7 +381,7 @@ def benchmark(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Export the run as a result JSON file to submit.")] = None,
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
-    launch_every: Annotated[int, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")] = 0,
+    launch_every: LaunchEveryOpt = 0,
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
     speedup (with its 95% CI) and acceptance per domain."""

@@ -58,11 +58,12 @@ def _tapped_class(cls: type) -> type:
             if self._dspark_index == 0 and EMBED_TAP in rec.wanted:
                 rec.outputs[EMBED_TAP] = args[0]  # the embedding output, as layer 0 receives it
             out = cls.__call__(self, *args, **kwargs)
+            # mlx-vlm's Gemma 4 layers return (hidden, shared_kv, offset): the hidden comes first.
+            hidden = out[0] if isinstance(out, tuple) else out
             if self._dspark_index in rec.wanted:
-                # mlx-vlm's Gemma 4 layers return (hidden, shared_kv, offset): the hidden comes first.
-                rec.outputs[self._dspark_index] = out[0] if isinstance(out, tuple) else out
+                rec.outputs[self._dspark_index] = hidden
             if rec.launch_every and (self._dspark_index + 1) % rec.launch_every == 0:
-                mx.async_eval(out[0] if isinstance(out, tuple) else out)
+                mx.async_eval(hidden)
             return out
 
         _TAPPED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__})

@@ -141,7 +141,7 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
     if cfg.corpus:
         data = _read_corpus(tokenizer, cfg, path, data, say)
     generated = [d for d in data if d.get("generation") != "corpus"]
-    made = sum(len(d["ids"]) - d["prompt_len"] for d in generated)
+    made = answer_tokens(generated)
     if generated:
         say(f"reusing {len(generated)} generated sequences ({made} continuation tokens) from {path}")
         if made >= cfg.tokens:
@@ -190,11 +190,16 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
     return data, held
 
 
+def answer_tokens(rows: list[dict]) -> int:
+    """Tokens after the prompt (what the head learns to draft) over data rows."""
+    return sum(len(r["ids"]) - r["prompt_len"] for r in rows)
+
+
 def _read_corpus(tokenizer, cfg: DistillConfig, path: Path, data: list[dict], say) -> list[dict]:
     """Add corpus rows (lab/corpus.py) to the data until --corpus-tokens answer tokens."""
     from .corpus import corpus_rows
 
-    have = sum(len(d["ids"]) - d["prompt_len"] for d in data if d.get("generation") == "corpus")
+    have = answer_tokens([d for d in data if d.get("generation") == "corpus"])
     if have >= cfg.corpus_tokens:
         return data
     seen = {(d["set"], d["prompt_id"]) for d in data}
@@ -203,7 +208,7 @@ def _read_corpus(tokenizer, cfg: DistillConfig, path: Path, data: list[dict], sa
         for row in corpus_rows(tokenizer, cfg.corpus, cfg.corpus_tokens - have, cfg.max_len, seen):
             f.write(json.dumps(row) + "\n")
             added.append(row)
-    say(f"corpus: {len(added)} conversations read, {have + sum(len(r['ids']) - r['prompt_len'] for r in added)} answer tokens in all")
+    say(f"corpus: {len(added)} conversations read, {have + answer_tokens(added)} answer tokens in all")
     return data + added
 
 
@@ -251,8 +256,7 @@ def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, toke
         attn = layer.self_attn
         x = layer.input_layernorm(h)
         q = attn._rope(attn.q_norm(attn.q_proj(x).reshape(B * A, bs, c.num_attention_heads, -1)).transpose(0, 2, 1, 3), flat_anchors)
-        kb = attn._rope(attn.k_norm(attn.k_proj(x).reshape(B * A, bs, c.kv_heads, -1)).transpose(0, 2, 1, 3), flat_anchors)
-        vb = attn.v_proj(x).reshape(B * A, bs, c.kv_heads, -1).transpose(0, 2, 1, 3)
+        kb, vb = attn.kv(x, flat_anchors)  # the block's keys and values, as inference projects them
         kc, vc = attn.kv(ctx, 0)  # (B, kv_heads, L, d)
         keys = mx.concatenate([kc, rows(kb)], axis=2)
         values = mx.concatenate([vc, rows(vb)], axis=2)
@@ -498,7 +502,7 @@ Distilled by dspark-lab against the target's own greedy behaviour ({'its greedy 
 - Architecture: DeepSpec-native DSpark, qwen3 backbone, {c.num_hidden_layers} layer(s), block {c.block_size},
   Markov rank {c.markov_rank}, taps {c.target_layer_ids}, mask token {c.mask_token_id}; binds the target's
   embeddings and lm_head (not stored). {params / 1e6:.1f} M parameters.
-- Data: {len(data)} sequences, {sum(len(d['ids']) - d['prompt_len'] for d in data)} continuation tokens, from prompt sets
+- Data: {len(data)} sequences, {answer_tokens(data)} continuation tokens, from prompt sets
   {', '.join(f'{n} (version {v})' for n, v in sets)}; {cfg.held_out} prompts per set held out:
   {', '.join(p.id for p in held)}. The sequences are in data.jsonl.
 - Training: {len(log)} steps logged; mean loss of the first 10 steps {first:.3f}, of the last 10 {last:.3f}.
