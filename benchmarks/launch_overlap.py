@@ -55,6 +55,7 @@ def main(argv=None) -> dict:
 
     arms = {f"{kind}@{n}": (kind, n) for n in every for kind in ("greedy", "spec")}
     rates = {a: [] for a in arms}
+    accepts = {a: [] for a in arms}
     tokens = {}
     for rep in range(args.repeats + 1):  # pass 0 warms up (kernel compiles)
         for ids_i, ids in enumerate(prompts):
@@ -64,6 +65,7 @@ def main(argv=None) -> dict:
                 tokens.setdefault((name, ids_i), r.token_ids)
                 if rep:
                     rates[name].append(r.decode_tokens_per_sec)
+                    accepts[name] += getattr(r, "accept_lengths", None) or []
     target.launch_every = 0
     med = {a: statistics.median(v) for a, v in rates.items()}
     rows = []
@@ -73,6 +75,12 @@ def main(argv=None) -> dict:
         rows.append({"arm": name, "kind": kind, "launch_every": n, "tok_s": round(med[name], 1),
                      "vs_first": round(med[name] / med[base], 3), "identical_to_first": same})
         print(f"{name:10} {med[name]:8.1f} tok/s  x{med[name] / med[base]:.3f} vs launch_every={every[0]}  identical: {same}")
+    for n in every:  # the speculative speedup at each setting, both arms measured side by side
+        acc = accepts[f"spec@{n}"]
+        ratio = med[f"spec@{n}"] / med[f"greedy@{n}"]
+        rows.append({"arm": f"speedup@{n}", "kind": "ratio", "launch_every": n, "spec_over_greedy": round(ratio, 3),
+                     "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None})
+        print(f"launch_every={n}: speculative x{ratio:.3f} greedy" + (f", mean accept length {sum(acc) / len(acc):.2f}" if acc else ""))
     result = {"model": args.model, "head": args.head, "cap": args.cap, "repeats": args.repeats,
               "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "rows": rows}
     import mlx.core as mx

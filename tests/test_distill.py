@@ -319,3 +319,16 @@ def test_a_corpus_trains_a_head_from_conversations_the_target_reads(tiny_dirs, t
         distill(config(tiny_dirs["qwen3"], tmp_path / "x", corpus="c4:foo", corpus_tokens=10), progress=False, say=lambda m: None)
     with pytest.raises(InputError, match="no training data"):
         config(tiny_dirs["qwen3"], tmp_path / "y", tokens=0)
+
+
+def test_data_only_makes_the_data_and_a_later_run_trains_on_it_without_reading_again(tiny_dirs, tmp_path):
+    out = tmp_path / "head"
+    corpus = _sharegpt(tmp_path / "sg.json")
+    opts = dict(tokens=0, corpus=f"sharegpt:{corpus}", corpus_tokens=200, steps=3, anchors=8, eval_every=100)
+    said = []
+    distill(config(tiny_dirs["qwen3"], out, data_only=True, **opts), progress=False, say=said.append)
+    data = (out / "data.jsonl").read_text()
+    assert data and not (out / "model.safetensors").exists() and any("data ready" in m for m in said)
+    corpus.unlink()  # the second run must not need the corpus: the data holds it already
+    distill(config(tiny_dirs["qwen3"], out, **opts), progress=False, say=lambda m: None)
+    assert (out / "data.jsonl").read_text() == data and (out / "model.safetensors").exists()

@@ -34,5 +34,9 @@ def test_launch_overlap_benchmark_runs_and_outputs_match(tiny_dirs, tmp_path):
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--every", "0,1", "--cap", "3", "--prompts", "code",
                   "--limit", "1", "--max-new-tokens", "8", "--repeats", "1"])
-    assert {row["arm"] for row in r["rows"]} == {"greedy@0", "spec@0", "greedy@1", "spec@1"}
-    assert all(row["identical_to_first"] and row["tok_s"] > 0 for row in r["rows"])
+    runs = [row for row in r["rows"] if row["kind"] != "ratio"]
+    assert {row["arm"] for row in runs} == {"greedy@0", "spec@0", "greedy@1", "spec@1"}
+    assert all(row["identical_to_first"] and row["tok_s"] > 0 for row in runs)
+    ratios = {row["arm"]: row for row in r["rows"] if row["kind"] == "ratio"}
+    assert set(ratios) == {"speedup@0", "speedup@1"}
+    assert all(row["spec_over_greedy"] > 0 and row["mean_accept_len"] >= 1 for row in ratios.values())

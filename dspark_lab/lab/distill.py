@@ -70,6 +70,7 @@ class DistillConfig:
     corpus: str = ""  # conversations to read instead of generate (sharegpt:PATH), see lab/corpus.py
     corpus_tokens: int = 0  # answer tokens to take from the corpus
     labels: str = "target"  # "target": the target's own greedy prediction at every position; "data": the stored next token
+    data_only: bool = False  # stop once data.jsonl is made (prepare on one machine, train on another)
     save_dtype: str = "bfloat16"  # dtype of the saved head (float32 doubles its size)
     slot_decay: float = 0.8  # weight of block slot k in the loss is slot_decay**k (early slots decide acceptance)
     taps: list[int] | None = None
@@ -422,6 +423,10 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     target.check_taps(c.target_layer_ids)
     target.probe(c.target_layer_ids)
     data, held = prepare_data(target, tokenizer, cfg, say)
+    if cfg.data_only:
+        say(f"data ready in {out / 'data.jsonl'}: {len(data)} sequences, {answer_tokens(data)} answer tokens; "
+            "train with the same command without --data-only")
+        return out
 
     head = DSparkHead(c, target.hidden_size)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=0.0)

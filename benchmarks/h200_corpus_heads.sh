@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Train one reference head from a corpus-heavy data file, then measure it, on one GPU (issue #9/#10).
+# Run from the checkout on the device after `source /root/ship/mlx/activate`:
+#   GPU=0 DATA=/root/prev/smol.jsonl.gz MINUTES=8 bash benchmarks/h200_corpus_heads.sh smol  > /tmp/smol.log 2>&1
+# NAME: smol | qwen05 | qwen15 (models under /root/ship, see shared/device/README.md).
+# DATA: the run's data.jsonl (gzipped), made beforehand on any machine with
+#   dspark-lab distill -m MODEL --out DIR --prompts ... --tokens N --corpus sharegpt:ShareGPT.json --corpus-tokens M \
+#     --max-len 1024 --data-only
+# so the GPU's time goes to training: the target's greedy continuations of PROMPTS plus whole
+# ShareGPT conversations it only reads, every position labelled with the target's own greedy
+# prediction. The built-in code, math and chat sets are not in the data: they are the held-out
+# evaluation that follows (benchmarks/lossless_check.py: the head alone, greedy, 8 prompts per set,
+# token identity and mean accept length), and benchmarks/launch_overlap.py then times greedy against
+# speculative decoding side by side at launch_every 0 and 4.
+# Results land in /tmp/NAME/ (head, logs, eval JSON); the caller collects them.
+set -u
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
+name=$1
+case $name in
+  smol)   model=/root/ship/smollm2/smollm2-135m; arch="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 1024"; cap=4 ;;
+  qwen05) model=/root/ship/qwen05/qwen2.5-coder-0.5b-q4-bfloat16; arch="--block 8 --layers 2 --markov-rank 64 --seqs 8 --anchors 512"; cap=7 ;;
+  qwen15) model=/root/ship/qwen15/qwen2.5-coder-1.5b-q4-bfloat16; arch="--block 8 --layers 2 --markov-rank 64 --seqs 4 --anchors 256"; cap=7 ;;
+  *) echo "unknown head $name (smol, qwen05, qwen15)"; exit 2 ;;
+esac
+run=/tmp/$name
+mkdir -p "$run"
+gunzip -c "$DATA" > "$run/data.jsonl"
+# --tokens 1 and --corpus-tokens 1: the data file already holds more than both, so nothing is generated or read.
+timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" --out "$run" $arch \
+  --prompts "${PROMPTS:-humaneval:.device/prompts/HumanEval.jsonl.gz,.device/prompts/sharegpt.jsonl}" \
+  --tokens 1 --corpus "sharegpt:ShareGPT_V3_unfiltered_cleaned_split.json" --corpus-tokens 1 \
+  --max-len "${MAXLEN:-1024}" --steps 200000 --lr "${LR:-1e-3}" --warmup 200 --minutes "${MINUTES:-8}" --eval-every 1000000 --checkpoint-every 1000000 \
+  > "$run/distill.log" 2>&1
+echo "$name distill rc=$? at ${SECONDS}s"
+python3 benchmarks/lossless_check.py --model "$model" --head "$run" --drafter-bits 16 --prompts code,math,chat --limit 8 \
+  --max-new-tokens 128 --cap "$cap" --no-lookup-arm --out "$run/eval.json" > "$run/eval.log" 2>&1
+echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept\|identical" "$run/eval.log"
+python3 benchmarks/launch_overlap.py --model "$model" --head "$run" --every 0,4 --cap "$cap" --prompts code,math,chat \
+  --limit 2 --max-new-tokens 128 --repeats 2 --json "$run/overlap.json" > "$run/overlap.log" 2>&1
+echo "$name overlap rc=$? at ${SECONDS}s"; grep -v Warning "$run/overlap.log" | tail -8
+echo "$name done"
