@@ -35,6 +35,7 @@ echo "$name distill rc=$? at ${SECONDS}s"
 python3 benchmarks/lossless_check.py --model "$model" --head "$run" --drafter-bits 16 --prompts code,math,chat --limit 8 \
   --max-new-tokens 128 --cap "$cap" --no-lookup-arm --out "$run/eval.json" > "$run/eval.log" 2>&1
 echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept\|identical" "$run/eval.log"
+[ "${OVERLAP:-1}" = 0 ] && { echo "$name done (no timing: OVERLAP=0)"; exit 0; }  # e.g. while another job shares the GPU
 python3 benchmarks/launch_overlap.py --model "$model" --head "$run" --every 0,4 --cap "$cap" --prompts code,math,chat \
   --limit 2 --max-new-tokens 128 --repeats 2 --json "$run/overlap.json" > "$run/overlap.log" 2>&1
 echo "$name overlap rc=$? at ${SECONDS}s"; grep -v Warning "$run/overlap.log" | tail -8

@@ -56,7 +56,20 @@ class Mode(str, Enum):
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (mode draft), directory or repo id.")]
-LaunchEveryOpt = Annotated[int, typer.Option(min=0, help="Hand the device every N finished layers of a forward while the rest is built (0: off); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
+LaunchEveryOpt = Annotated[str, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off; auto: probe once for this model on this machine, store the verdict in --db and reuse it); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
+
+
+def _launch_every(value: str) -> int | str:
+    """--launch-every: a layer count >= 0, or 'auto' (lab/launch_probe.py)."""
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise DsparkError(f"--launch-every must be a number of layers >= 0 (0: off) or 'auto', got {value!r}.")
+    return n
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
@@ -83,7 +96,7 @@ def generate(
     chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template", help="Wrap the prompt in the model's chat template.")] = True,
     kv_bits: Annotated[Optional[int], typer.Option(help="Quantize the KV cache to this many bits.")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights: float32 (fastest on CPU), float16, bfloat16.")] = None,
-    launch_every: LaunchEveryOpt = 0,
+    launch_every: LaunchEveryOpt = "0",
     trust_remote_code: TrustOpt = False,
 ):
     """Generate text from a prompt, streaming committed text, then print accept length and speed."""
@@ -92,6 +105,7 @@ def generate(
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                   stop=stop, apply_chat_template=chat_template, on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     load_opts = dict(trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
+    launch_every = _launch_every(launch_every)
     auto_cap = max_draft == "auto"
     if max_draft is not None and not auto_cap:
         try:
@@ -136,6 +150,13 @@ def generate(
         max_draft = pair.max_draft_tokens
     if mode in (Mode.baseline, Mode.lookup):
         target, tokenizer = load_target(model, **load_opts)
+    if launch_every == "auto":
+        from .db import open_db
+        from .lab.launch_probe import choose_launch_every
+
+        verdict = choose_launch_every(target, db=open_db(db), model_id=model, width=(max_draft or 4) + 1)
+        err.print(f"[dim]--launch-every auto: {verdict.describe()}[/]")
+        launch_every = verdict.every
     target.launch_every = launch_every
     controller = None
     if auto_cap and mode in (Mode.dspark, Mode.dflash, Mode.lookup, Mode.draft):
@@ -275,7 +296,7 @@ def sweep(
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Run every arm once, untimed, before measuring.")] = True,
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
-    launch_every: LaunchEveryOpt = 0,
+    launch_every: LaunchEveryOpt = "0",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -291,7 +312,7 @@ def sweep(
         cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
-                          launch_every=launch_every)
+                          launch_every=_launch_every(launch_every))
     def event(msg: str) -> None:
         if verbose or not msg.startswith("stored"):
             err.print(f"[dim]{msg}[/]", highlight=False)
@@ -381,7 +402,7 @@ def benchmark(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Export the run as a result JSON file to submit.")] = None,
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
-    launch_every: LaunchEveryOpt = 0,
+    launch_every: LaunchEveryOpt = "0",
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
     speedup (with its 95% CI) and acceptance per domain."""
@@ -395,7 +416,7 @@ def benchmark(
         modes.append("lookup")
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
-                      launch_every=launch_every)
+                      launch_every=_launch_every(launch_every))
     rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith("stored") else err.print(f"[dim]{m}[/]", highlight=False))
     engine = open_db(db)
     try:

@@ -58,10 +58,11 @@ def test_greedy_is_coherent(smollm2):
 
 def test_fixture_head_drafts_real_tokens_losslessly(smollm2):
     """The committed DSpark head (fixtures/smollm2-135m-dspark, distilled on the H200 against this
-    model's own output) on built-in code prompts it never saw, at cap 4, drafting on its own (no
-    lookup): the output is the greedy output, and its drafts are accepted: mean accept length
-    above 1.2 (1.30 measured here), where an untrained head gives 1.0. Issue #9 asks for 1.8;
-    the model card says what this head reaches (1.43 on the H200 over 8 code prompts) and why."""
+    model's own predictions) on built-in code prompts it never saw, at cap 4, drafting on its own
+    (no lookup), loaded at 4 bits: the output is the greedy output, and its drafts are accepted:
+    mean accept length above 1.4 (1.53 measured here over these two 40-token answers, 1.76 over
+    128 tokens; an untrained head gives 1.0). Issue #9 asks for 1.8 on the code set: the model
+    card says what this head reaches (1.78 on the H200 over 8 code prompts)."""
     from pathlib import Path
 
     from dspark_lab.engine.drafters.load import load_dspark
@@ -78,4 +79,4 @@ def test_fixture_head_drafts_real_tokens_losslessly(smollm2):
         assert r.token_ids == base.token_ids, p.id
         accepts += r.accept_lengths
     print(f"fixture head: mean accept length {sum(accepts) / len(accepts):.3f} over {len(accepts)} rounds")
-    assert sum(accepts) / len(accepts) > 1.2
+    assert sum(accepts) / len(accepts) > 1.4

@@ -47,7 +47,7 @@ class SweepConfig:
     cooldown: float = 0.0  # seconds of sleep between arms
     drafter_bits: int = 4
     dtype: str | None = None
-    launch_every: int = 0  # Target.launch_every for every arm, the baseline included
+    launch_every: int | str = 0  # Target.launch_every for every arm, the baseline included; "auto": lab/launch_probe.py
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -67,8 +67,8 @@ class SweepConfig:
             raise InputError("--trials and --max-new-tokens must be >= 1.")
         if self.cooldown < 0:
             raise InputError("--cooldown must be >= 0 seconds.")
-        if self.launch_every < 0:
-            raise InputError("--launch-every must be >= 0 (0: off).")
+        if self.launch_every != "auto" and not (isinstance(self.launch_every, int) and self.launch_every >= 0):
+            raise InputError(f"--launch-every must be a number of layers >= 0 (0: off) or 'auto', got {self.launch_every!r}.")
 
     def key(self) -> str:
         """Identity of the grid, to find an unfinished run of the same sweep to resume."""
@@ -239,7 +239,15 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
     from .controller import DEFAULT_ACCEPTANCE, CapController
 
     target, tok = load_target(model_id, dtype=cfg.dtype)
-    target.launch_every = cfg.launch_every
+    if cfg.launch_every == "auto":
+        from .launch_probe import choose_launch_every
+
+        caps = [int(c) for c in cfg.caps if c.isdigit()]
+        verdict = choose_launch_every(target, db=engine, model_id=model_id, width=min(max(caps, default=4), 7) + 1)
+        say(f"{model_id}: {verdict.describe()}")
+        target.launch_every = verdict.every
+    else:
+        target.launch_every = cfg.launch_every
     drafters = {}  # (mode, drafter id) -> loaded head
     loaders = {"dspark": load_dspark, "dflash": load_dflash}
     for mode in (m for m in HEAD_MODES if m in cfg.modes):

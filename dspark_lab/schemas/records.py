@@ -42,6 +42,23 @@ class CalibrationRecord(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
+class ProbeRecord(SQLModel, table=True):
+    """A one-time probe's verdict for one model on one machine (e.g. lab/launch_probe.py),
+    reusable while the key matches, as calibration is."""
+
+    __tablename__ = "probes"
+    id: str = Field(primary_key=True)
+    key: str  # hash of the probe, device, model and options
+    probe: str  # which probe: "launch_every"
+    device_key: str
+    machine: str
+    device_stamp: str  # JSON
+    model_id: str
+    options: str  # JSON
+    verdict: str  # JSON
+    created_at: datetime = Field(default_factory=utcnow)
+
+
 class Run(SQLModel, table=True):
     """One sweep (or benchmark) invocation: its grid, where it ran, and how it ended."""
 
