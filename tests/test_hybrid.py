@@ -77,3 +77,14 @@ def test_a_family_without_a_tappable_layout_is_refused():
 
     with pytest.raises(LoadError, match="model_type 'oddformer' does not have a decoder layout"):
         Target(Odd(), {"model_type": "oddformer"})
+
+
+def test_the_launch_probe_restores_the_cache_of_every_family(family):
+    """--launch-every auto's probe runs verify forwards over one warm cache and rewinds each, as a
+    rejected round does: caches that cannot trim restore their state, so every setting meets the
+    same cache and the logits stay exactly equal."""
+    from dspark_lab.lab.launch_probe import measure_launch_every
+
+    _, _, target, _ = family
+    v = measure_launch_every(target, width=3, context=12, repeats=2, candidates=(1,))
+    assert v.exact == {0: True, 1: True} and v.every in (0, 1)

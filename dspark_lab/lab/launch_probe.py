@@ -72,12 +72,15 @@ def measure_launch_every(target: Target, *, width: int = 5, context: int = 256, 
     try:
         def once(n: int) -> float:
             target.launch_every = n
+            snap = target.checkpoint(cache)
             t0 = time.perf_counter()
             out = target.forward(fed, cache)
             mx.eval(out.logits)  # the host waits for the result, as a round does for its verdict
             dt = time.perf_counter() - t0
             logits.setdefault(n, out.logits)
-            target.trim(cache, width)  # back to the same warm cache for the next forward
+            # Back to the same warm cache for the next forward, as a fully rejected round
+            # leaves it (recurrent and sliding-window caches restore their saved state).
+            target.rewind(cache, snap, fed, 0)
             return dt
 
         for n in candidates:  # warm-up: on CUDA the first use of a shape compiles kernels
