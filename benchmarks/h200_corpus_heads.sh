@@ -12,7 +12,9 @@
 # evaluation that follows (benchmarks/lossless_check.py: the head alone, greedy, 8 prompts per set,
 # token identity and mean accept length), and benchmarks/launch_overlap.py then times greedy against
 # speculative decoding side by side at launch_every 0 and 4.
-# Results land in /tmp/NAME/ (head, logs, eval JSON); the caller collects them.
+# Results land in /tmp/NAME/ (head, logs, eval JSON); the caller collects them. Start it with
+# `setsid nohup ... &` and it outlives the device call (while the machine stays warm), so a
+# 30-minute session can train with MINUTES=20 in one run.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 name=$1
@@ -24,13 +26,14 @@ case $name in
 esac
 run=/tmp/$name
 mkdir -p "$run"
-gunzip -c "$DATA" > "$run/data.jsonl"
+# RESUME=1: continue the checkpoint already in /tmp/NAME (a new warmup and cosine over MINUTES).
+[ "${RESUME:-0}" = 1 ] || gunzip -c "$DATA" > "$run/data.jsonl"
 # --tokens 1 and --corpus-tokens 1: the data file already holds more than both, so nothing is generated or read.
 timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" --out "$run" $arch \
   --prompts "${PROMPTS:-humaneval:.device/prompts/HumanEval.jsonl.gz,.device/prompts/sharegpt.jsonl}" \
   --tokens 1 --corpus "sharegpt:ShareGPT_V3_unfiltered_cleaned_split.json" --corpus-tokens 1 \
   --max-len "${MAXLEN:-1024}" --steps 200000 --lr "${LR:-1e-3}" --warmup 200 --minutes "${MINUTES:-8}" --eval-every 1000000 --checkpoint-every 1000000 \
-  > "$run/distill.log" 2>&1
+  $([ "${RESUME:-0}" = 1 ] && echo --resume) >> "$run/distill.log" 2>&1
 echo "$name distill rc=$? at ${SECONDS}s"
 python3 benchmarks/lossless_check.py --model "$model" --head "$run" --drafter-bits 16 --prompts code,math,chat --limit 8 \
   --max-new-tokens 128 --cap "$cap" --no-lookup-arm --out "$run/eval.json" > "$run/eval.log" 2>&1
