@@ -77,6 +77,12 @@ def test_generate_and_sweep_take_auto(tiny_dirs, tmp_path):
                             "--prompt-limit", "1", "--trials", "1", "-n", "6", "--db", str(db), "--launch-every", "auto"])
     assert r.exit_code == 0, r.output
     assert "launch_every" in r.output and "stored" in r.output
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        config = json.loads(con.execute("select config from runs").fetchone()[0])
+    chosen = config["launch_every_chosen"][str(tiny_dirs["qwen3"])]
+    assert config["launch_every"] == "auto" and str(chosen["every"]) in chosen["median_ms"] and "0" in chosen["median_ms"]
 
 
 @pytest.mark.parametrize("bad", [-1, "sometimes", 1.5])

@@ -246,6 +246,14 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
         verdict = choose_launch_every(target, db=engine, model_id=model_id, width=min(max(caps, default=4), 7) + 1)
         say(f"{model_id}: {verdict.describe()}")
         target.launch_every = verdict.every
+        # The run says what "auto" became, so an exported result carries it with its trials.
+        with Session(engine) as s:
+            run = s.get(Run, run_id)
+            config = json.loads(run.config)
+            config.setdefault("launch_every_chosen", {})[model_id] = verdict.to_dict()
+            run.config = json.dumps(config)
+            s.add(run)
+            s.commit()
     else:
         target.launch_every = cfg.launch_every
     drafters = {}  # (mode, drafter id) -> loaded head
