@@ -26,7 +26,7 @@ case $name in
 esac
 run=/tmp/$name
 mkdir -p "$run"
-# RESUME=1: continue the checkpoint already in /tmp/NAME (a new warmup and cosine over MINUTES).
+# RESUME=1: continue the checkpoint already in /tmp/NAME (a new cosine over MINUTES).
 [ "${RESUME:-0}" = 1 ] || gunzip -c "$DATA" > "$run/data.jsonl"
 # --tokens 1 and --corpus-tokens 1: the data file already holds more than both, so nothing is generated or read.
 timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" --out "$run" $arch \
