@@ -55,7 +55,7 @@ def main(argv=None) -> dict:
 
     arms = {f"{kind}@{n}": (kind, n) for n in every for kind in ("greedy", "spec")}
     rates = {a: [] for a in arms}
-    accepts = {a: [] for a in arms}
+    accepts = {n: [] for n in every}  # tokens committed per speculative round, at each setting
     tokens = {}
     for rep in range(args.repeats + 1):  # pass 0 warms up (kernel compiles)
         for ids_i, ids in enumerate(prompts):
@@ -65,7 +65,8 @@ def main(argv=None) -> dict:
                 tokens.setdefault((name, ids_i), r.token_ids)
                 if rep:
                     rates[name].append(r.decode_tokens_per_sec)
-                    accepts[name] += getattr(r, "accept_lengths", None) or []
+                    if kind == "spec":
+                        accepts[n] += r.accept_lengths
     target.launch_every = 0
     med = {a: statistics.median(v) for a, v in rates.items()}
     rows = []
@@ -76,7 +77,7 @@ def main(argv=None) -> dict:
                      "vs_first": round(med[name] / med[base], 3), "identical_to_first": same})
         print(f"{name:10} {med[name]:8.1f} tok/s  x{med[name] / med[base]:.3f} vs launch_every={every[0]}  identical: {same}")
     for n in every:  # the speculative speedup at each setting, both arms measured side by side
-        acc = accepts[f"spec@{n}"]
+        acc = accepts[n]
         ratio = med[f"spec@{n}"] / med[f"greedy@{n}"]
         rows.append({"arm": f"speedup@{n}", "kind": "ratio", "launch_every": n, "spec_over_greedy": round(ratio, 3),
                      "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None})

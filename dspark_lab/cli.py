@@ -57,19 +57,6 @@ class Mode(str, Enum):
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (mode draft), directory or repo id.")]
 LaunchEveryOpt = Annotated[str, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off; auto: probe once for this model on this machine, store the verdict in --db and reuse it); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
-
-
-def _launch_every(value: str) -> int | str:
-    """--launch-every: a layer count >= 0, or 'auto' (lab/launch_probe.py)."""
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise DsparkError(f"--launch-every must be a number of layers >= 0 (0: off) or 'auto', got {value!r}.")
-    return n
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
@@ -105,7 +92,9 @@ def generate(
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                   stop=stop, apply_chat_template=chat_template, on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     load_opts = dict(trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype)
-    launch_every = _launch_every(launch_every)
+    from .lab.launch_probe import parse_launch_every
+
+    launch_every = parse_launch_every(launch_every)
     auto_cap = max_draft == "auto"
     if max_draft is not None and not auto_cap:
         try:
@@ -312,7 +301,7 @@ def sweep(
         cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
-                          launch_every=_launch_every(launch_every))
+                          launch_every=launch_every)
     def event(msg: str) -> None:
         if verbose or not msg.startswith("stored"):
             err.print(f"[dim]{msg}[/]", highlight=False)
@@ -416,7 +405,7 @@ def benchmark(
         modes.append("lookup")
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
-                      launch_every=_launch_every(launch_every))
+                      launch_every=launch_every)
     rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith("stored") else err.print(f"[dim]{m}[/]", highlight=False))
     engine = open_db(db)
     try:

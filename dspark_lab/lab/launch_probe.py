@@ -25,9 +25,22 @@ from typing import Callable
 import mlx.core as mx
 
 from ..engine.target import Target
+from ..errors import InputError
 
 CANDIDATES = (0, 2, 4, 8)
 MARGIN = 0.03  # a candidate must be at least 3% faster than N=0: smaller gains are noise here
+
+
+def parse_launch_every(value: int | str) -> int | str:
+    """--launch-every as given on the command line or in a grid: a layer count >= 0 (0: off), or
+    "auto" (this probe). Anything else is refused, naming what is accepted."""
+    if value == "auto":
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise InputError(f"--launch-every must be a number of layers >= 0 (0: off) or 'auto', got {value!r}.")
 
 
 @dataclass
@@ -59,9 +72,8 @@ class LaunchVerdict:
 def measure_launch_every(target: Target, *, width: int = 5, context: int = 256, repeats: int = 7,
                          candidates: tuple[int, ...] = CANDIDATES, progress: Callable[[str], None] | None = None) -> LaunchVerdict:
     """Time one verify-width forward plus its host read at each candidate (see the module doc)."""
-    if 0 not in candidates:
-        candidates = (0, *candidates)
-    candidates = tuple(sorted({n for n in candidates if n == 0 or n < target.num_layers}))
+    # N=0 is the reference; N >= the layer count would hand nothing over early, so it is N=0 again.
+    candidates = tuple(sorted({0} | {n for n in candidates if 0 < n < target.num_layers}))
     ids = mx.array([(13 * i + 7) % target.vocab_size for i in range(context)], dtype=mx.uint32)
     fed = mx.array([(5 * i + 11) % target.vocab_size for i in range(width)], dtype=mx.uint32)
     cache = target.make_cache()

@@ -67,8 +67,9 @@ class SweepConfig:
             raise InputError("--trials and --max-new-tokens must be >= 1.")
         if self.cooldown < 0:
             raise InputError("--cooldown must be >= 0 seconds.")
-        if self.launch_every != "auto" and not (isinstance(self.launch_every, int) and self.launch_every >= 0):
-            raise InputError(f"--launch-every must be a number of layers >= 0 (0: off) or 'auto', got {self.launch_every!r}.")
+        from .launch_probe import parse_launch_every
+
+        self.launch_every = parse_launch_every(self.launch_every)
 
     def key(self) -> str:
         """Identity of the grid, to find an unfinished run of the same sweep to resume."""
