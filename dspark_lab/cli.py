@@ -143,7 +143,11 @@ def generate(
         from .db import open_db
         from .lab.launch_probe import choose_launch_every
 
-        verdict = choose_launch_every(target, db=open_db(db), model_id=model, width=(max_draft or 4) + 1)
+        engine = open_db(db)
+        try:
+            verdict = choose_launch_every(target, db=engine, model_id=model, width=(max_draft or 4) + 1)
+        finally:
+            engine.dispose()  # close the file now: DuckDB refuses a later connection of another kind while one is open
         err.print(f"[dim]--launch-every auto: {verdict.describe()}[/]")
         launch_every = verdict.every
     target.launch_every = launch_every
@@ -153,8 +157,12 @@ def generate(
         from .lab.calibrate import calibrate as run_calibration
 
         err.print("[dim]--max-draft auto: calibrating this pair on this machine (stored curves are reused)...[/]")
-        controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
-                                                drafter_id=draft_model if mode is Mode.draft else drafter, db=open_db(db))
+        engine = open_db(db)
+        try:
+            controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
+                                         drafter_id=draft_model if mode is Mode.draft else drafter, db=engine)
+        finally:
+            engine.dispose()
     if mode in (Mode.dspark, Mode.dflash):
         result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
                                       confidence_threshold=confidence_threshold, cap_controller=controller, **common)
