@@ -527,13 +527,14 @@ def distill(
     slot_decay: Annotated[float, typer.Option(help="Loss weight of block slot k is slot_decay**k (early drafts decide acceptance).")] = 0.8,
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
     data_only: Annotated[bool, typer.Option(help="Only make the training data (OUT/data.jsonl), e.g. on a CPU machine; a later run with the same --out trains on it.")] = False,
+    init: Annotated[Optional[Path], typer.Option(help="Start from this trained head's weights (a distill output of the same architecture), with a fresh optimizer.")] = None,
 ):
     """Train a DSpark head for a model that has none, on the model's own outputs (MLX: Metal, CUDA or, slowly, CPU)."""
     from .lab.distill import DistillConfig, distill as run_distill
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, prompts=prompts,
                         tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
-                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, command="dspark-lab " + " ".join(sys.argv[1:]))
+                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, init=str(init or ""), command="dspark-lab " + " ".join(sys.argv[1:]))
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     out.print(f"head written to {path}; try: dspark-lab generate -m {model} -d {path} --mode dspark")
 

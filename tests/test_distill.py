@@ -82,6 +82,27 @@ def test_resume_continues_from_the_checkpoint(tiny_dirs, tmp_path):
     assert steps == list(range(1, 21))
 
 
+def test_init_starts_from_a_trained_head(tiny_dirs, trained, tmp_path):
+    """--init: a new run starts at the trained head's loss, not a fresh head's; another
+    architecture is refused with what differs."""
+    import shutil
+
+    out = tmp_path / "again"
+    out.mkdir()
+    shutil.copy(trained / "data.jsonl", out / "data.jsonl")  # same data, not generated again
+    said = []
+    distill(config(tiny_dirs["qwen3"], out, steps=2, eval_every=100, init=str(trained)), progress=False, say=said.append)
+    assert any("starting from the weights of" in m for m in said)
+    first = json.loads((out / "train_log.jsonl").read_text().splitlines()[0])["loss"]
+    log = [json.loads(line) for line in (trained / "train_log.jsonl").read_text().splitlines()]
+    assert first < 0.6 * log[0]["loss"]  # where the trained run ended up, not where it began
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(trained / "data.jsonl", other / "data.jsonl")
+    with pytest.raises(InputError, match="block_size 4 \\(--init\\) vs 5"):
+        distill(config(tiny_dirs["qwen3"], other, steps=2, block=5, init=str(trained)), progress=False, say=lambda m: None)
+
+
 def test_bad_distill_options(tiny_dirs, tmp_path):
     with pytest.raises(InputError, match="--block must be >= 2"):
         config(tiny_dirs["qwen3"], tmp_path / "x", block=1)

@@ -71,6 +71,7 @@ class DistillConfig:
     corpus_tokens: int = 0  # answer tokens to take from the corpus
     labels: str = "target"  # "target": the target's own greedy prediction at every position; "data": the stored next token
     data_only: bool = False  # stop once data.jsonl is made (prepare on one machine, train on another)
+    init: str = ""  # a head directory (a distill output) whose weights training starts from, with a fresh optimizer
     save_dtype: str = "bfloat16"  # dtype of the saved head (float32 doubles its size)
     slot_decay: float = 0.8  # weight of block slot k in the loss is slot_decay**k (early slots decide acceptance)
     taps: list[int] | None = None
@@ -376,6 +377,23 @@ def _save_checkpoint(head: DSparkHead, optimizer, ckpt: Path, step: int) -> None
     (ckpt / "state.json").write_text(json.dumps({"step": step}))
 
 
+def _init_from(head: DSparkHead, c: DSparkConfig, src: Path) -> None:
+    """Load a trained head's weights into the fresh head: same architecture and taps, or an
+    error naming what differs (the weights would not mean the same thing otherwise)."""
+    cfg_file, weights = src / "config.json", src / "model.safetensors"
+    if not cfg_file.exists() or not weights.exists():
+        raise InputError(f"--init {str(src)!r} is not a head directory (needs config.json and model.safetensors, as distill writes).")
+    theirs = json.loads(cfg_file.read_text())
+    ours = {"block_size": c.block_size, "num_hidden_layers": c.num_hidden_layers, "markov_rank": c.markov_rank,
+            "target_layer_ids": list(c.target_layer_ids), "hidden_size": c.hidden_size}
+    differ = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
+    if differ:
+        what = ", ".join(f"{k} {a} (--init) vs {b} (this run)" for k, (a, b) in differ.items())
+        raise InputError(f"--init head {str(src)!r} has another architecture: {what}. Use the same --block, --layers and --markov-rank it was trained with.")
+    loaded = {k: v.astype(mx.float32) for k, v in mx.load(str(weights)).items()}
+    head.load_weights(list(loaded.items()), strict=True)
+
+
 def _save_head(head: DSparkHead, path: Path, dtype: str = "float32") -> None:
     weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(head.parameters())}
     mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
@@ -440,8 +458,11 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         optimizer.state = tree_unflatten(list(opt_state.items()))
         step = json.loads(state_file.read_text())["step"]
         say(f"resumed at step {step}")
-    elif resume:
+    elif resume and not cfg.init:
         say("no checkpoint to resume from: starting at step 0")
+    if cfg.init and step == 0:
+        _init_from(head, c, Path(cfg.init))
+        say(f"starting from the weights of {cfg.init} (fresh optimizer)")
     mx.eval(head.parameters())
     lm_head = dense_lm_head(target)
     loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n, y: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y))
