@@ -27,13 +27,14 @@ esac
 run=/tmp/$name
 mkdir -p "$run"
 # RESUME=1: continue the checkpoint already in /tmp/NAME (a new cosine over MINUTES).
+# INIT=DIR: start from a trained head's weights (e.g. the committed fixture), fresh optimizer.
 [ "${RESUME:-0}" = 1 ] || gunzip -c "$DATA" > "$run/data.jsonl"
 # --tokens 1 and --corpus-tokens 1: the data file already holds more than both, so nothing is generated or read.
 timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" --out "$run" $arch \
   --prompts "${PROMPTS:-humaneval:.device/prompts/HumanEval.jsonl.gz,.device/prompts/sharegpt.jsonl}" \
   --tokens 1 --corpus "sharegpt:ShareGPT_V3_unfiltered_cleaned_split.json" --corpus-tokens 1 \
   --max-len "${MAXLEN:-1024}" --steps 200000 --lr "${LR:-1e-3}" --warmup 200 --minutes "${MINUTES:-8}" --eval-every 1000000 --checkpoint-every 1000000 \
-  $([ "${RESUME:-0}" = 1 ] && echo --resume) >> "$run/distill.log" 2>&1
+  $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") >> "$run/distill.log" 2>&1
 echo "$name distill rc=$? at ${SECONDS}s"
 python3 benchmarks/lossless_check.py --model "$model" --head "$run" --drafter-bits 16 --prompts code,math,chat --limit 8 \
   --max-new-tokens 128 --cap "$cap" --no-lookup-arm --out "$run/eval.json" > "$run/eval.log" 2>&1

@@ -25,18 +25,26 @@ def bucketed(n: int) -> int:
 class BucketedKVCache(KVCache):
     step = BUCKET
 
+    def ensure(self, size: int, like: tuple[mx.array, mx.array] | None = None) -> None:
+        """Make the buffers hold at least `size` positions, growing them to the next bucket.
+        `like` gives shape and dtype for the first allocation (later ones copy the buffers').
+        The whole old buffer is kept: a pipelined round may have written past `offset`."""
+        if self.keys is not None and size <= self.keys.shape[2]:
+            return
+        keys, values = like if self.keys is None else (self.keys, self.values)
+        B, H, old, Dk = keys.shape
+        new = bucketed(size)
+        fresh_k = mx.zeros((B, H, new, Dk), keys.dtype)
+        fresh_v = mx.zeros((B, H, new, values.shape[3]), values.dtype)
+        if self.keys is not None:
+            fresh_k[..., :old, :] = self.keys
+            fresh_v[..., :old, :] = self.values
+        self.keys, self.values = fresh_k, fresh_v
+
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         prev, n = self.offset, keys.shape[2]
         need = prev + n
-        if self.keys is None or need > self.keys.shape[2]:
-            size = bucketed(need)
-            B, H, _, Dk = keys.shape
-            fresh_k = mx.zeros((B, H, size, Dk), keys.dtype)
-            fresh_v = mx.zeros((B, H, size, values.shape[3]), values.dtype)
-            if self.keys is not None and prev:
-                fresh_k[..., :prev, :] = self.keys[..., :prev, :]
-                fresh_v[..., :prev, :] = self.values[..., :prev, :]
-            self.keys, self.values = fresh_k, fresh_v
+        self.ensure(need, like=(keys, values))
         self.keys[..., prev:need, :] = keys
         self.values[..., prev:need, :] = values
         self.offset = need

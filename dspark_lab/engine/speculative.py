@@ -72,8 +72,9 @@ def speculative_generate(
     max_new_tokens: int = 256,
     max_draft_tokens: int = 2,
     cap_controller=None,
-    lookup_drafts: bool = True,
+    lookup_drafts: bool | None = None,
     confidence_threshold: float = 0.0,
+    pipeline: bool = False,
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -84,7 +85,11 @@ def speculative_generate(
 ) -> GenResult:
     """Speculative decoding with a model head (DSpark, or DFlash): each round drafts up to
     `max_draft_tokens` (or what `cap_controller` chooses), verifies them in one target forward
-    and keeps exactly what the target would have produced."""
+    and keeps exactly what the target would have produced.
+
+    `lookup_drafts` (default on, off when pipelined): a long n-gram match in prompt and output
+    is verified instead of the head's draft. `pipeline`: build each round while the previous
+    one computes (engine/pipeline.py); the head drafts alone, on targets with plain KV caches."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     limit = drafter.config.max_drafts
     if cap_controller is None and not 1 <= max_draft_tokens <= limit:
@@ -93,12 +98,33 @@ def speculative_generate(
         raise InputError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}.")
     if confidence_threshold > 0 and not getattr(drafter.config, "enable_confidence_head", False):
         raise InputError("confidence_threshold needs a head with a confidence head; this one has none. Leave it at 0.")
-    source = HeadSource(drafter, lookup=lookup_drafts, confidence_threshold=confidence_threshold)
     cap, on_round = cap_schedule(cap_controller, max_draft_tokens, limit)
+    if pipeline:
+        check_pipeline(target, drafter, lookup_drafts=bool(lookup_drafts), confidence_threshold=confidence_threshold)
+        from .pipeline import pipelined_loop
+
+        return pipelined_loop(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, cap=cap,
+                              stream=TextStream(tokenizer, stop, on_text), mode=drafter.kind, on_round=on_round)
+    source = HeadSource(drafter, lookup=lookup_drafts is not False, confidence_threshold=confidence_threshold)
     result = speculative_loop(target, prompt_ids, params, source, max_new_tokens=max_new_tokens, cap=cap,
                               stream=TextStream(tokenizer, stop, on_text), mode=drafter.kind, on_round=on_round)
     result.host_reads += source.extra_reads
     return result
+
+
+def check_pipeline(target: Target, drafter, *, lookup_drafts: bool = False, confidence_threshold: float = 0.0) -> None:
+    """Refuse a pipelined run it cannot do exactly, saying what to change."""
+    if drafter.kind != "dspark":
+        raise InputError(f"pipeline works with DSpark heads; this is a {drafter.kind} head. Run it without pipeline.")
+    if lookup_drafts:
+        raise InputError("pipeline drafts with the head alone (lookup proposals are made on the host from read tokens): "
+                         "leave lookup_drafts unset or False, or run without pipeline.")
+    if confidence_threshold > 0:
+        raise InputError("pipeline cannot truncate drafts by confidence (that needs a host read inside the round): "
+                         "set confidence_threshold to 0, or run without pipeline.")
+    if not target.can_pipeline(target.make_cache()):
+        raise InputError(f"pipeline needs plain KV caches; model_type {target.model_type!r} keeps recurrent, rotating or "
+                         "quantized cache state that cannot be rewound by moving an offset. Run it without pipeline.")
 
 
 @dataclass

@@ -23,6 +23,7 @@ from mlx_lm.models import cache as cache_lib
 
 from ..errors import LoadError
 from .cache import BucketedKVCache
+from .compiled import MAX_WIDTH, OffsetForward, can_compile
 
 # Largest relative logit difference the probe accepts between the tapped forward and the
 # model's own. Both run the same kernels on the same inputs, so on a healthy family the
@@ -157,6 +158,20 @@ class Target:
             layer._dspark_index = i
         self.probed = False
         self.trims_only = True  # set by make_cache
+        self._compiled: OffsetForward | None = None
+        self._at_offset = OffsetForward(self, compile=False)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether decode-width forwards (up to compiled.MAX_WIDTH rows, after prefill) replay a
+        compiled trace of the model (engine/compiled.py) instead of building the graph op by op.
+        Families whose caches are not plain KV caches, and forwards with launch_every set, keep
+        the uncompiled path."""
+        return self._compiled is not None
+
+    @compiled.setter
+    def compiled(self, on: bool) -> None:
+        self._compiled = OffsetForward(self, compile=True) if on else None
 
     @property
     def launch_every(self) -> int:
@@ -273,6 +288,10 @@ class Target:
         n = ids.shape[0]
         if n == 0:
             raise ValueError("forward needs at least one token")
+        if (self._compiled is not None and n <= MAX_WIDTH and not self.launch_every and cache[0].keys is not None
+                and can_compile(cache)):
+            logits, tap_rows = self._compiled(ids, cache, taps, last_only)
+            return ForwardOut(logits, tap_rows)
         chunks = [(s, min(s + PREFILL_CHUNK, n)) for s in range(0, n, PREFILL_CHUNK)]
         logits_parts, tap_parts = [], {t: [] for t in taps}
         for k, (s, e) in enumerate(chunks):
@@ -296,6 +315,23 @@ class Target:
                 mx.eval([c.state for c in cache] + [p for parts in tap_parts.values() for p in parts])
         cat = lambda parts: parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)  # noqa: E731
         return ForwardOut(cat(logits_parts), {t: cat(p) for t, p in tap_parts.items()})
+
+    def can_pipeline(self, cache: list) -> bool:
+        """Whether `forward_at` can serve this cache: plain KV caches only (engine/compiled.py)."""
+        return can_compile(cache)
+
+    def forward_at(self, ids: mx.array, cache: list, offset: mx.array, *, capacity: int, taps: Sequence[int] = ()) -> ForwardOut:
+        """Feed `ids` at a position the host need not know (`offset`, an int32 array, may be a
+        lazy result of the previous round): keys and values go to the cache's buffers there and
+        attention sees only positions before each row. The host's cache offsets are not
+        touched; `capacity` is a host-known upper bound on offset + len(ids), so the buffers
+        can be grown ahead. Rows past the true end of a previous write are hidden by the mask
+        and overwritten later, so nothing needs trimming."""
+        for c in cache:
+            c.ensure(capacity)
+        fwd = self._compiled if self._compiled is not None and ids.shape[0] <= MAX_WIDTH else self._at_offset
+        logits, tap_rows = fwd.run(ids, cache, offset, taps)
+        return ForwardOut(logits, tap_rows)
 
     def taps_batch(self, ids: mx.array, taps: Sequence[int]) -> dict[int, mx.array]:
         """Taps {layer: (B, L, hidden)} of a batch of right-padded sequences (B, L) in one

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 from ..cache import BucketedKVCache, bucketed
+from ..compiled import ArrayOffsetKV
 from .dspark_config import DSparkConfig
 
 
@@ -191,14 +192,36 @@ class ContextDrafter:
             cache.update_and_fetch(k, v)
         self.ctx_len += ctx.shape[1]
 
-    def _positions(self, width: int) -> tuple[mx.array, mx.array, mx.array]:
-        """Query and key positions of a block of `width` rows over the keys the bucketed cache
-        hands attention (padded to a bucket when width > 1), and what every row may see
-        before any causal rule: the last `window` context rows and the block."""
-        need = self.ctx_len + width
-        q = self.ctx_len + mx.arange(width)[:, None]
-        k = mx.arange(need if width == 1 else bucketed(need))[None]
-        return q, k, (k < need) & (k >= self.ctx_len - self.window)
+    def ensure_capacity(self, size: int) -> None:
+        """Grow every layer's context buffer to hold `size` positions (for the *_at methods)."""
+        for cache in self.caches:
+            cache.ensure(size)
+
+    def append_context_at(self, taps: dict[int, mx.array], at: mx.array) -> None:
+        """`append_context` at a context length the host need not know (`at`, an int32 array,
+        possibly lazy): the rows' keys and values are written there; the host's ctx_len is left
+        alone. Rows past the true context end are hidden by later masks and overwritten.
+        The buffers must already hold them (ensure_capacity)."""
+        ctx = self.fuse(taps)[None]
+        for layer, cache in zip(self.head.layers, self.caches):
+            k, v = layer.self_attn.kv(ctx, at)
+            traced = ArrayOffsetKV(cache.keys, cache.values, at)
+            traced.update_and_fetch(k, v)
+            cache.keys, cache.values = traced.keys, traced.values
+
+    def _positions(self, width: int, at: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
+        """Query and key positions of a block of `width` rows over the keys the cache hands
+        attention (padded to a bucket when width > 1; the whole buffer when the block sits at
+        an array position `at`), and what every row may see before any causal rule: the last
+        `window` context rows and the block."""
+        start = self.ctx_len if at is None else at
+        need = start + width
+        q = start + mx.arange(width)[:, None]
+        if at is None:
+            k = mx.arange(need if width == 1 else bucketed(need))[None]
+        else:
+            k = mx.arange(self.caches[0].keys.shape[2])[None]
+        return q, k, (k < need) & (k >= start - self.window)
 
 
 class DSparkDrafter(ContextDrafter):
@@ -213,45 +236,53 @@ class DSparkDrafter(ContextDrafter):
         super().__init__(head, embed, lm_head, window=window, name=name)
         self._embed_scale = math.sqrt(self.config.hidden_size) if self.config.backbone == "gemma4" else 1.0
 
-    def _mask(self, width: int) -> mx.array:
+    def _mask(self, width: int, at: mx.array | None = None) -> mx.array:
         """Which keys each block row sees: the windowed context and the block (all of it, or
         up to itself for causal heads, within their sliding window if any)."""
         c = self.config
-        q_pos, k_pos, visible = self._positions(width)
+        q_pos, k_pos, visible = self._positions(width, at)
         if c.causal:
             visible = visible & (k_pos <= q_pos)
             if c.sliding_window:
                 visible = visible & (k_pos > q_pos - c.sliding_window)
         return visible
 
-    def hidden(self, pending: int | mx.array, width: int) -> mx.array:
-        """Final-norm hidden states (width, H) of the block [pending] + masks."""
+    def hidden(self, pending: int | mx.array, width: int, at: mx.array | None = None) -> mx.array:
+        """Final-norm hidden states (width, H) of the block [pending] + masks, placed after the
+        context (at `at` when the context length is an array: see append_context_at)."""
         c = self.config
-        ids = mx.concatenate([mx.array([pending], dtype=mx.uint32).reshape(1), mx.full((width - 1,), c.mask_token_id, dtype=mx.uint32)])
+        pending = pending.reshape(1).astype(mx.uint32) if isinstance(pending, mx.array) else mx.array([pending], dtype=mx.uint32)
+        ids = mx.concatenate([pending, mx.full((width - 1,), c.mask_token_id, dtype=mx.uint32)])
         h = self.embed(ids[None])
         if self._embed_scale != 1.0:
             h = h * self._embed_scale
-        mask = self._mask(width)
-        for layer, cache in zip(self.head.layers, self.caches):
-            h = layer(h, cache, self.ctx_len, mask)
-        for cache in self.caches:
-            cache.trim(width)  # the block never stays in the context
+        mask = self._mask(width, at)
+        if at is None:
+            for layer, cache in zip(self.head.layers, self.caches):
+                h = layer(h, cache, self.ctx_len, mask)
+            for cache in self.caches:
+                cache.trim(width)  # the block never stays in the context
+        else:
+            # The block's rows are written at `at` and simply overwritten by the next append.
+            for layer, cache in zip(self.head.layers, self.caches):
+                h = layer(h, ArrayOffsetKV(cache.keys, cache.values, at), at, mask)
         return self.head.norm(h)[0]
 
-    def draft(self, pending: int, cap: int, params) -> BlockOut:
-        """Up to `cap` draft tokens after `pending` (lazy: nothing is read on the host)."""
+    def draft(self, pending: int | mx.array, cap: int, params, at: mx.array | None = None) -> BlockOut:
+        """Up to `cap` draft tokens after `pending` (lazy: nothing is read on the host); `at`:
+        the context length as an array (the pipelined loop), None for the host's ctx_len."""
         from ..sampling import target_probs
 
         c = self.config
         cap = min(cap, c.max_drafts)
         width = c.block_size if not c.causal else c.logits_start + cap
-        h = self.hidden(pending, width)[c.logits_start : c.logits_start + cap]
+        h = self.hidden(pending, width, at)[c.logits_start : c.logits_start + cap]
         logits = self.lm_head(h)
         if c.final_logit_softcapping:
             logits = mx.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
         markov = getattr(self.head, "markov_head", None)
         conf = getattr(self.head, "confidence_head", None)
-        prev = mx.array(pending, dtype=mx.uint32).reshape(1)
+        prev = pending.reshape(1).astype(mx.uint32) if isinstance(pending, mx.array) else mx.array([pending], dtype=mx.uint32)
         tokens, probs, prevs = [], [], []
         for k in range(cap):
             row = logits[k]

@@ -1,0 +1,126 @@
+"""Pipelined and compiled decoding against the plain loop, side by side in one process.
+
+    python benchmarks/pipeline_speed.py --model DIR --head DIR [--caps 2,4] [--prompts code,math,chat]
+        [--limit 2] [--max-new-tokens 128] [--repeats 2] [--no-compile] [--json OUT]
+
+Arms, interleaved prompt by prompt after a warm-up pass (kernel builds, compile traces):
+  mlx_lm          mlx-lm's stream_generate on the same model object
+  greedy          our plain decoding; greedy+c: with Target.compiled (engine/compiled.py)
+  dspark@K        the plain verify loop, head alone (no lookup), cap K
+  dspark+lk@K     the same with n-gram lookup drafts (the default of speculative_generate)
+  pipe@K          the pipelined loop (engine/pipeline.py): round r+1 built while r computes
+  pipe+c@K        pipelined, with the compiled target forward
+Prints median decode tok/s, the ratio to our greedy and to mlx_lm, the mean accept length and
+whether every prompt's tokens equal our greedy's (temperature 0: they must, up to numerical ties
+between different kernels; the pipelined arms must equal the plain dspark arm exactly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--head", required=True)
+    ap.add_argument("--drafter-bits", type=int, default=16)
+    ap.add_argument("--caps", default="2,4")
+    ap.add_argument("--prompts", default="code,math,chat")
+    ap.add_argument("--limit", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--no-compile", action="store_true", help="leave out the compiled arms")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+
+    from dspark_lab import greedy_generate, load_target, speculative_generate
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.engine.text import encode_prompt
+    from dspark_lab.lab.prompts import load_prompt_sets
+
+    target, tok = load_target(args.model)
+    head = load_dspark(args.head, target, bits=args.drafter_bits)
+    prompts = [encode_prompt(tok, p.as_input()) for s in load_prompt_sets(args.prompts, limit=args.limit) for p in s.prompts]
+    caps = [int(c) for c in args.caps.split(",")]
+    n = args.max_new_tokens
+    eos = set(tok.eos_token_ids)
+
+    def mlx_lm(ids):
+        first, out = None, []
+        for resp in stream_generate(target.model, tok, ids, max_tokens=n):
+            first = first or time.perf_counter()
+            out.append(resp.token)
+        end = time.perf_counter()
+        out = [t for t in out if t not in eos]
+        return out, (len(out) - 1) / (end - first), None
+
+    def ours(fn, compiled=False):
+        def run(ids):
+            target.compiled = compiled
+            r = fn(ids)
+            target.compiled = False
+            return r.token_ids, r.decode_tokens_per_sec, r.accept_lengths
+        return run
+
+    arms = {"mlx_lm": mlx_lm, "greedy": ours(lambda ids: greedy_generate(target, tok, ids, max_new_tokens=n))}
+    if not args.no_compile:
+        arms["greedy+c"] = ours(lambda ids: greedy_generate(target, tok, ids, max_new_tokens=n), compiled=True)
+    for k in caps:
+        spec = lambda ids, k=k, **kw: speculative_generate(target, tok, head, ids, max_new_tokens=n, max_draft_tokens=k, **kw)  # noqa: E731
+        arms[f"dspark@{k}"] = ours(lambda ids, spec=spec: spec(ids, lookup_drafts=False))
+        arms[f"dspark+lk@{k}"] = ours(lambda ids, spec=spec: spec(ids, lookup_drafts=True))
+        arms[f"pipe@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True))
+        if not args.no_compile:
+            arms[f"pipe+c@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True), compiled=True)
+
+    rates = {a: [] for a in arms}
+    accepts = {a: [] for a in arms}
+    tokens: dict[tuple[str, int], list[int]] = {}
+    for rep in range(args.repeats + 1):  # pass 0 warms up
+        for i, ids in enumerate(prompts):
+            for name, arm in list(arms.items()):
+                try:
+                    out, rate, acc = arm(ids)
+                except Exception as e:  # one arm failing on this machine must not lose the others
+                    print(f"arm {name} failed and is dropped: {type(e).__name__}: {e}")
+                    target.compiled = False
+                    del arms[name]
+                    continue
+                tokens.setdefault((name, i), out)
+                if rep:
+                    rates[name].append(rate)
+                    accepts[name] += acc or []
+    med = {a: statistics.median(rates[a]) for a in arms}
+    rows = []
+    print(f"{'arm':12} {'tok/s':>8} {'/greedy':>8} {'/mlx_lm':>8} {'accept':>7}  identical to greedy (and to dspark@K)")
+    for name in arms:
+        same = sum(tokens[(name, i)] == tokens[("greedy", i)] for i in range(len(prompts)))
+        plain = name.replace("pipe+c@", "dspark@").replace("pipe@", "dspark@")
+        same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name else None
+        acc = accepts[name]
+        row = {"arm": name, "tok_s": round(med[name], 1), "vs_greedy": round(med[name] / med["greedy"], 3),
+               "vs_mlx_lm": round(med[name] / med["mlx_lm"], 3), "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None,
+               "identical_to_greedy": f"{same}/{len(prompts)}", "identical_to_plain_loop": None if same_plain is None else f"{same_plain}/{len(prompts)}"}
+        rows.append(row)
+        print(f"{name:12} {med[name]:8.1f} {row['vs_greedy']:8.3f} {row['vs_mlx_lm']:8.3f} {row['mean_accept_len'] or '':>7}  "
+              f"{row['identical_to_greedy']}" + (f" ({row['identical_to_plain_loop']})" if same_plain is not None else ""))
+    result = {"model": args.model, "head": args.head, "caps": caps, "repeats": args.repeats, "max_new_tokens": n,
+              "prompts": len(prompts), "device": str(mx.default_device()), "rows": rows}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

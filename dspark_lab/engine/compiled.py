@@ -1,0 +1,107 @@
+"""A compiled decode forward: the target's own layers traced once per shape by `mx.compile`
+and replayed, instead of building the graph operation by operation every step.
+
+Why: on a fast GPU, decoding models of this size is bound by the host building each step's
+graph (docs/performance.md: 4-6 ms per token from 135 M to 1.5 B parameters). Plain decoding
+hides that building behind the previous step's computing; a speculative round cannot (it must
+read the verdict before it builds the next round), so the build adds to every round. A compiled
+function skips Python entirely on replay and fuses elementwise chains.
+
+What makes the forward traceable is the cache: mlx-lm's KV caches hold their write position as
+a Python int, which a trace would freeze. Here each layer's cache is stood in for by
+`ArrayOffsetKV`, whose offset is an array input: keys and values are written with
+`mx.slice_update` at that offset, attention sees the whole preallocated buffer, and a causal
+mask built from the offset hides every position at or past the end (padding, and rows a
+rejected draft left behind). The model's own attention code runs unchanged, so any family whose
+layers use a plain KV cache and an offset-taking rope works; the engine checks each model once
+(`Target.probe`) against the uncompiled forward before using it.
+
+Shapes stay few: the buffer grows a bucket (cache.BUCKET positions) at a time and the width is
+at most MAX_WIDTH, so a generation compiles a handful of variants. Wider inputs (prefill) take
+the uncompiled path, which writes the same buffers.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+
+from .cache import BucketedKVCache
+
+# Widest input the compiled path takes (pending token + drafts); prefill goes uncompiled.
+MAX_WIDTH = 16
+
+
+class ArrayOffsetKV:
+    """A BucketedKVCache as the compiled forward sees it: whole buffers and an array offset."""
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array):
+        self.keys, self.values, self.offset = keys, values, offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        at = self.offset.reshape(1)
+        self.keys = mx.slice_update(self.keys, keys.astype(self.keys.dtype), at, axes=(2,))
+        self.values = mx.slice_update(self.values, values.astype(self.values.dtype), at, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        q = self.offset + mx.arange(N)[:, None]
+        k = mx.arange(self.keys.shape[2])[None]
+        visible = k <= q
+        if window_size is not None:
+            visible = visible & (k > q - window_size)
+        return visible
+
+
+def can_compile(cache: list) -> bool:
+    """The compiled path handles plain bucketed KV caches only (not quantized, rotating or
+    recurrent ones: those keep other state a trace would have to carry)."""
+    return all(type(c) is BucketedKVCache for c in cache)
+
+
+class OffsetForward:
+    """The target's forward at a write position held in an array: `run(ids, cache, offset)` ->
+    (logits, {tap: rows}), writing the rows' keys and values at `offset` into the cache's
+    buffers (which must already hold them: BucketedKVCache.ensure). Host offsets are left alone.
+    With `compile`, each (taps, last_only, shapes) variant is traced once and replayed."""
+
+    def __init__(self, target, *, compile: bool):
+        self.target, self.compile = target, compile
+        self._fns: dict[tuple, object] = {}
+
+    def _fn(self, taps: tuple[int, ...], last_only: bool):
+        key = (taps, last_only)
+        if key not in self._fns:
+            t = self.target
+
+            def run(ids, keys, values, offset):
+                traced = [ArrayOffsetKV(k, v, offset) for k, v in zip(keys, values)]
+                rec = t._recorder
+                rec.wanted, rec.outputs = frozenset(taps), {}
+                try:
+                    hidden = t._inner(ids[None], cache=traced)
+                finally:
+                    outs, rec.outputs, rec.wanted = rec.outputs, {}, frozenset()
+                rows = hidden[0, -1:] if last_only else hidden[0]
+                return t._logits(rows), [outs[i][0] for i in taps], [c.keys for c in traced], [c.values for c in traced]
+
+            self._fns[key] = mx.compile(run) if self.compile else run
+        return self._fns[key]
+
+    def run(self, ids: mx.array, cache: list, offset: mx.array, taps: Sequence[int] = (), last_only: bool = False):
+        taps = tuple(taps)
+        logits, tap_rows, keys, values = self._fn(taps, last_only)(ids, [c.keys for c in cache], [c.values for c in cache], offset)
+        for c, k, v in zip(cache, keys, values):
+            c.keys, c.values = k, v
+        return logits, dict(zip(taps, tap_rows))
+
+    def __call__(self, ids: mx.array, cache: list, taps: Sequence[int] = (), last_only: bool = False):
+        """The plain forward's contract: write at the cache's own offset and advance it."""
+        n = ids.shape[0]
+        for c in cache:
+            c.ensure(c.offset + n)
+        out = self.run(ids, cache, mx.array(cache[0].offset, dtype=mx.int32), taps, last_only)
+        for c in cache:
+            c.offset += n
+        return out

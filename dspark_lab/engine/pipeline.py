@@ -1,0 +1,118 @@
+"""The pipelined verify loop: the host builds round r+1 while the device computes round r.
+
+The plain loop (generate.speculative_loop) reads each round's verdict before it builds the next
+round, because the next round's inputs (the pending token, the cache length, how many tapped
+rows the head's context gains) come from that verdict. The host's building time then adds to
+the device's computing time every round, while plain decoding hides its building behind the
+previous step (docs/performance.md: a round cost about 2.4 plain steps on the H200).
+
+Here nothing the next round needs is read on the host. The pending token, the target's cache
+length and the rows to append stay lazy arrays; caches are written at an array offset
+(compiled.ArrayOffsetKV, Target.forward_at, ContextDrafter.append_context_at), so a rejected
+draft needs no trim: its rows sit past the new end, hidden by the mask, and the next round
+overwrites them. Shapes are fixed by the cap alone, so round r+1 can be built before round r
+is known. The host reads round r's verdict one round late and only to stream the text, stop,
+and feed the cap controller; a generation that stops throws away the one round in flight.
+
+The head's context length always equals the target's cache length when a block is drafted
+(both hold every position except the newest pending token), so one offset serves both.
+
+Output is the same as the plain loop's: the same draft, verify and acceptance rule run on the
+same rows. What is left out: n-gram lookup drafts (their proposals are made on the host from
+the committed tokens) and confidence truncation (it changes the verify width after reading
+the head); targets with recurrent or sliding-window caches (their state cannot be rewound by
+moving an offset).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable
+
+import mlx.core as mx
+
+from .generate import GenResult, _Clock
+from .sampling import SamplingParams, pick_token, verify
+from .target import Target
+from .text import TextStream
+
+
+def pipelined_loop(
+    target: Target,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    drafter,
+    *,
+    max_new_tokens: int,
+    cap: int | Callable[[], int],
+    stream: TextStream,
+    mode: str,
+    on_round: Callable[[int, int, float], None] | None = None,
+) -> GenResult:
+    """Speculative decoding with a head drafter, one round always in flight (see module doc)."""
+    clock = _Clock()
+    cache = target.make_cache()
+    taps = drafter.target_layer_ids
+    prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, taps=taps, last_only=True)
+    first = pick_token(prefill.logits[-1], params)
+    drafter.reset()
+    drafter.append_context(prefill.taps)
+    first_token = first.item()
+    clock.first_token()
+    done = stream.add([first_token])
+    produced, accepts, drafted, reads, forwards = 1, [], [], 1, 1
+
+    # Device-side state of the next round to build (lazy arrays after the first round).
+    pending = mx.array([first_token], dtype=mx.uint32)
+    offset = mx.array(len(prompt_ids), dtype=mx.int32)  # target cache length == head context length
+    rows, rows_at = None, None  # the previous round's tapped rows, and where they go in the head's context
+    known_len = len(prompt_ids)  # the cache length after the last round read on the host
+    in_flight: deque = deque()  # (payload, drafted, started)
+
+    def build() -> None:
+        nonlocal pending, offset, rows, rows_at, forwards
+        k = max(0, min(cap() if callable(cap) else cap, drafter.config.max_drafts))
+        # Upper bound of the cache length after this round: each round in flight adds at most its width.
+        bound = known_len + sum(d + 1 for _, d, _ in in_flight) + k + 1
+        drafter.ensure_capacity(bound + drafter.config.block_size)
+        if rows is not None:
+            drafter.append_context_at(rows, rows_at)
+        if k:
+            draft = drafter.draft(pending, k, params, at=offset)
+            drafts, probs = draft.tokens.astype(mx.uint32), draft.probs
+        else:
+            drafts, probs = mx.zeros((0,), dtype=mx.uint32), None
+        out = target.forward_at(mx.concatenate([pending, drafts]), cache, offset, capacity=bound, taps=taps)
+        verdict = verify(out.logits, drafts, params, probs)  # [n accepted, next token]
+        rows, rows_at = out.taps, offset
+        offset = offset + verdict[0] + 1
+        pending = verdict[1:].astype(mx.uint32)
+        payload = mx.concatenate([verdict, drafts.astype(mx.int32)])
+        mx.async_eval(payload, offset, pending)
+        forwards += 1
+        in_flight.append((payload, k, time.perf_counter()))
+
+    while not done:
+        # Build ahead only while the rounds already in flight (each commits >= 1) may not finish the job.
+        if produced + len(in_flight) < max_new_tokens:
+            build()
+        payload, k, started = in_flight.popleft()
+        read = payload.tolist()  # round r's verdict, read while round r+1 computes
+        reads += 1
+        n, nxt = read[0], read[1]
+        known_len += n + 1
+        new = (read[2 : 2 + n] + [nxt])[: max_new_tokens - produced]
+        accepts.append(len(new))
+        drafted.append(k)
+        produced += len(new)
+        done = stream.add(new)
+        if on_round is not None:
+            on_round(k, len(new), time.perf_counter() - started)
+        if not done and produced >= max_new_tokens:
+            stream.finish("length")
+            done = True
+    result = clock.result(stream, prompt_tokens=len(prompt_ids), rounds=len(accepts), forwards=forwards,
+                          accepts=accepts, drafts=drafted, mode=mode)
+    result.host_reads = reads
+    return result
