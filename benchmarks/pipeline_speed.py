@@ -8,8 +8,8 @@ Arms, interleaved prompt by prompt after a warm-up pass (kernel builds, compile 
   greedy          our plain decoding; greedy+c: with Target.compiled (engine/compiled.py)
   dspark@K        the plain verify loop, head alone (no lookup), cap K
   dspark+lk@K     the same with n-gram lookup drafts (the default of speculative_generate)
-  pipe@K          the pipelined loop (engine/pipeline.py): round r+1 built while r computes
-  pipe+c@K        pipelined, with the compiled target forward
+  pipe@K          the pipelined loop (engine/pipeline.py): round r+1 built while r computes,
+                  the verify forward compiled
 Prints median decode tok/s, the ratio to our greedy and to mlx_lm, the mean accept length and
 whether every prompt's tokens equal our greedy's (temperature 0: they must, up to numerical ties
 between different kernels; the pipelined arms must equal the plain dspark arm exactly).
@@ -37,7 +37,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--limit", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--no-compile", action="store_true", help="leave out the compiled arms")
+    ap.add_argument("--no-compile", action="store_true", help="leave out the compiled greedy arm")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -81,8 +81,6 @@ def main(argv=None) -> dict:
         arms[f"dspark@{k}"] = ours(lambda ids, spec=spec: spec(ids, lookup_drafts=False))
         arms[f"dspark+lk@{k}"] = ours(lambda ids, spec=spec: spec(ids, lookup_drafts=True))
         arms[f"pipe@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True))
-        if not args.no_compile:
-            arms[f"pipe+c@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True), compiled=True)
 
     rates = {a: [] for a in arms}
     accepts = {a: [] for a in arms}
@@ -106,7 +104,7 @@ def main(argv=None) -> dict:
     print(f"{'arm':12} {'tok/s':>8} {'/greedy':>8} {'/mlx_lm':>8} {'accept':>7}  identical to greedy (and to dspark@K)")
     for name in arms:
         same = sum(tokens[(name, i)] == tokens[("greedy", i)] for i in range(len(prompts)))
-        plain = name.replace("pipe+c@", "dspark@").replace("pipe@", "dspark@")
+        plain = name.replace("pipe@", "dspark@")
         same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name else None
         acc = accepts[name]
         row = {"arm": name, "tok_s": round(med[name], 1), "vs_greedy": round(med[name] / med["greedy"], 3),

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random models of real mlx-lm families, saved in Hugging Face layout
 with a trained BPE tokenizer and loaded through the real loaders, once per test session."""
 
+import json
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing in the tests may reach the hub
@@ -8,8 +9,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
-from dspark_lab import load_target  # noqa: E402
-from dspark_lab.tiny import build_tiny_model  # noqa: E402
+from dspark_lab import greedy_generate, load_target  # noqa: E402
+from dspark_lab.tiny import build_tiny_dspark, build_tiny_model  # noqa: E402
 
 FAMILIES = ["qwen3", "qwen2", "llama"]
 
@@ -74,3 +75,25 @@ def assert_same_token_distribution(plain: list[list[int]], spec: list[list[int]]
         table = table[:, table.sum(axis=0) > 0]
         if table.shape[1] > 1:
             assert stats.chi2_contingency(table).pvalue > ALPHA, (pos, table)
+
+
+# --- DSpark heads for the qwen3 tiny target (test_dspark, test_pipeline) ----------------------
+
+@pytest.fixture(scope="session")
+def heads(tiny_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("heads")
+    t = tiny_dirs["qwen3"]
+    vocab = json.loads((t / "config.json").read_text())["vocab_size"]
+    return {
+        "qwen3": build_tiny_dspark(root / "q", t, backbone="qwen3"),
+        "gemma4": build_tiny_dspark(root / "g", t, backbone="gemma4"),
+        # A head whose Markov term favours repeating the last token: on a looping target its
+        # drafts are accepted at every depth, so partial accepts are exercised.
+        "repeat": build_tiny_dspark(root / "r", t, markov_rank=vocab, repeat_bias=20.0),
+    }
+
+
+@pytest.fixture(scope="session")
+def greedy_refs(qwen3):
+    target, tok = qwen3
+    return {p: greedy_generate(target, tok, p, max_new_tokens=24).token_ids for p in PROMPTS}

@@ -15,26 +15,6 @@ from dspark_lab.tiny import DSPARK_LAYOUTS, build_tiny_dspark
 
 
 
-@pytest.fixture(scope="session")
-def heads(tiny_dirs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("heads")
-    t = tiny_dirs["qwen3"]
-    vocab = json.loads((t / "config.json").read_text())["vocab_size"]
-    return {
-        "qwen3": build_tiny_dspark(root / "q", t, backbone="qwen3"),
-        "gemma4": build_tiny_dspark(root / "g", t, backbone="gemma4"),
-        # A head whose Markov term favours repeating the last token: on a looping target its
-        # drafts are accepted at every depth, so partial accepts are exercised.
-        "repeat": build_tiny_dspark(root / "r", t, markov_rank=vocab, repeat_bias=20.0),
-    }
-
-
-@pytest.fixture(scope="session")
-def greedy_refs(qwen3):
-    target, tok = qwen3
-    return {p: greedy_generate(target, tok, p, max_new_tokens=24).token_ids for p in PROMPTS}
-
-
 @pytest.mark.parametrize("backbone", ["qwen3", "gemma4", "repeat"])
 def test_lossless_at_every_cap(qwen3, heads, greedy_refs, backbone):
     target, tok = qwen3

@@ -93,8 +93,11 @@ def pipelined_loop(
         forwards += 1
         in_flight.append((payload, k, time.perf_counter()))
 
+    if not done:
+        build()
     while not done:
-        # Build ahead only while the rounds already in flight (each commits >= 1) may not finish the job.
+        # Build round r+1 before reading round r, unless the rounds in flight (each commits at
+        # least one token) may already finish the job.
         if produced + len(in_flight) < max_new_tokens:
             build()
         payload, k, started = in_flight.popleft()

@@ -159,7 +159,8 @@ class Target:
         self.probed = False
         self.trims_only = True  # set by make_cache
         self._compiled: OffsetForward | None = None
-        self._at_offset = OffsetForward(self, compile=False)
+        # forward_at: compiled for decode widths (measured faster in the pipelined loop), plain beyond.
+        self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
 
     @property
     def compiled(self) -> bool:
@@ -326,10 +327,12 @@ class Target:
         attention sees only positions before each row. The host's cache offsets are not
         touched; `capacity` is a host-known upper bound on offset + len(ids), so the buffers
         can be grown ahead. Rows past the true end of a previous write are hidden by the mask
-        and overwritten later, so nothing needs trimming."""
+        and overwritten later, so nothing needs trimming. Decode widths run a compiled trace
+        (engine/compiled.py): on the H200 that made pipelined rounds 1.1-1.3x faster, while
+        compiling plain decoding's width-1 step made it slower (docs/performance.md)."""
         for c in cache:
             c.ensure(capacity)
-        fwd = self._compiled if self._compiled is not None and ids.shape[0] <= MAX_WIDTH else self._at_offset
+        fwd = self._at_offset[ids.shape[0] <= MAX_WIDTH]
         logits, tap_rows = fwd.run(ids, cache, offset, taps)
         return ForwardOut(logits, tap_rows)
 

@@ -1,0 +1,158 @@
+"""The pipelined loop (speculative_generate(pipeline=True)) and the array-offset forwards it
+stands on: token ids equal greedy decoding at every cap and in every plain-KV family, the same
+rounds as the plain loop, exact sampling at temperature > 0, every edge of the length limit,
+and clear refusals where it cannot be exact."""
+
+import mlx.core as mx
+import pytest
+
+from conftest import FAMILIES, PROMPTS, REPETITIVE, assert_same_token_distribution
+from dspark_lab import InputError, greedy_generate, load_target
+from dspark_lab.engine.drafters.load import load_dflash, load_dspark
+from dspark_lab.engine.speculative import speculative_generate
+from dspark_lab.tiny import build_tiny_dflash, build_tiny_dspark, build_tiny_model
+
+
+@pytest.mark.parametrize("backbone", ["qwen3", "gemma4", "repeat"])
+def test_pipelined_is_lossless_and_runs_the_plain_loops_rounds(qwen3, heads, greedy_refs, backbone):
+    target, tok = qwen3
+    drafter = load_dspark(heads[backbone], target)
+    for cap in range(1, drafter.config.block_size + 1):
+        for p in PROMPTS:
+            r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=cap, pipeline=True)
+            assert r.token_ids == greedy_refs[p], (backbone, cap, p)
+            plain = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=cap, lookup_drafts=False)
+            # The same rounds. Near the length limit the plain loop drafts fewer (never past the
+            # limit); the pipelined one drafts the cap and cuts the output to the limit instead.
+            assert r.accept_lengths == plain.accept_lengths
+            for i, (ours, theirs) in enumerate(zip(r.draft_lengths, plain.draft_lengths)):
+                room = 24 - 1 - sum(r.accept_lengths[:i])
+                assert ours == cap and theirs == min(cap, room - 1)
+            assert r.host_reads == r.num_rounds + 1 == len(r.accept_lengths) + 1
+
+
+def test_partial_accepts_really_happen_pipelined(qwen3, heads):
+    """With the repeating head on a looping prompt, rounds accept at several depths: the
+    offsets a rejected draft leaves behind are exercised, not just full rejections."""
+    target, tok = qwen3
+    drafter = load_dspark(heads["repeat"], target)
+    r = speculative_generate(target, tok, drafter, REPETITIVE[0], max_new_tokens=40, max_draft_tokens=4, pipeline=True)
+    assert r.token_ids == greedy_generate(target, tok, REPETITIVE[0], max_new_tokens=40).token_ids
+    assert len({a for a in r.accept_lengths}) >= 3 and r.mean_accept_len > 2.0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_every_plain_kv_family_pipelined_and_compiled(tiny_dirs, tiny_models, tmp_path, family, compiled):
+    """Pipelined (its verify forward compiled) equals greedy decoding, plain or compiled."""
+    target, tok = tiny_models[family]
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs[family], markov_rank=target.vocab_size, repeat_bias=20.0), target)
+    try:
+        for p in PROMPTS[:6] + REPETITIVE[:2]:
+            target.compiled = False
+            ref = greedy_generate(target, tok, p, max_new_tokens=20).token_ids
+            target.compiled = compiled
+            assert greedy_generate(target, tok, p, max_new_tokens=20).token_ids == ref, (family, p)
+            for cap in (1, 3, 5):
+                r = speculative_generate(target, tok, head, p, max_new_tokens=20, max_draft_tokens=cap, pipeline=True)
+                assert r.token_ids == ref, (family, compiled, cap, p)
+    finally:
+        target.compiled = False
+
+
+def test_compiled_forward_matches_the_plain_forward(qwen3):
+    """The compiled decode forward writes the same cache and returns the same logits and taps
+    (float32 on the CPU: fused kernels may reorder a reduction, nothing more)."""
+    target, _ = qwen3
+    prompt = mx.array([5, 9, 14, 3, 22, 7, 30, 11], dtype=mx.uint32)
+    outs = {}
+    for compiled in (False, True):
+        target.compiled = compiled
+        cache = target.make_cache()
+        target.forward(prompt, cache)
+        steps = [target.forward(mx.array(ids, dtype=mx.uint32), cache, taps=(0, 1)) for ids in ([4], [8, 2, 6], [1])]
+        target.trim(cache, 2)
+        last = target.forward(mx.array([12, 13], dtype=mx.uint32), cache, taps=(1,))
+        outs[compiled] = [s.logits for s in steps] + [s.taps[1] for s in steps] + [last.logits, last.taps[1]]
+        assert cache[0].offset == 8 + 1 + 3 + 1 - 2 + 2
+    target.compiled = False
+    for a, b in zip(outs[False], outs[True]):
+        assert a.shape == b.shape and mx.allclose(a, b, atol=1e-4, rtol=1e-4).item()
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 5])
+def test_length_limit_edges(qwen3, heads, max_new_tokens):
+    """The round in flight may overshoot the limit: the output is cut to it, as greedy's is."""
+    target, tok = qwen3
+    drafter = load_dspark(heads["repeat"], target)
+    for p in (REPETITIVE[0], PROMPTS[0]):
+        ref = greedy_generate(target, tok, p, max_new_tokens=max_new_tokens)
+        r = speculative_generate(target, tok, drafter, p, max_new_tokens=max_new_tokens, max_draft_tokens=5, pipeline=True)
+        assert r.token_ids == ref.token_ids and r.finish_reason == ref.finish_reason
+        assert sum(r.accept_lengths) + 1 == len(r.token_ids)
+
+
+def test_stop_strings_and_streaming(qwen3, heads):
+    target, tok = qwen3
+    drafter = load_dspark(heads["repeat"], target)
+    p = REPETITIVE[0]
+    full = greedy_generate(target, tok, p, max_new_tokens=40)
+    stop = full.text[len(full.text) // 2 :][:3]
+    ref = greedy_generate(target, tok, p, max_new_tokens=40, stop=stop)
+    pieces = []
+    r = speculative_generate(target, tok, drafter, p, max_new_tokens=40, max_draft_tokens=4, pipeline=True, stop=stop, on_text=pieces.append)
+    assert r.text == ref.text and r.finish_reason == "stop" and "".join(pieces) == r.text
+
+
+class _Cycle:
+    """A cap schedule that visits 0 (plain decoding), partial and full drafts, and records
+    what each round reported back."""
+
+    def __init__(self):
+        self.caps, self.seen = [0, 1, 5, 3, 2], []
+
+    def cap(self):
+        return self.caps[len(self.seen) % len(self.caps)]
+
+    def observe(self, drafted, committed, seconds):
+        self.seen.append((drafted, committed))
+
+
+def test_cap_controller_is_asked_and_told(qwen3, heads, greedy_refs):
+    target, tok = qwen3
+    drafter = load_dspark(heads["repeat"], target)
+    for p in PROMPTS[:6]:
+        ctrl = _Cycle()
+        r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, cap_controller=ctrl, pipeline=True)
+        assert r.token_ids == greedy_refs[p]
+        assert [d for d, _ in ctrl.seen] == r.draft_lengths and [c for _, c in ctrl.seen] == r.accept_lengths
+        assert 0 in r.draft_lengths and max(r.draft_lengths) <= 5
+
+
+def test_pipelined_sampling_is_exact(qwen3, heads):
+    """Tokens 2-4 sampled through the pipelined loop follow plain sampling's distribution."""
+    target, tok = qwen3
+    drafter = load_dspark(heads["repeat"], target, bits=16)
+    prompt, n = REPETITIVE[1], 300
+    params = dict(max_new_tokens=4, temperature=1.0, top_k=3, apply_chat_template=False)
+    plain = [greedy_generate(target, tok, prompt, seed=s, **params).token_ids for s in range(n)]
+    runs = [speculative_generate(target, tok, drafter, prompt, seed=7000 + s, max_draft_tokens=3, pipeline=True, **params) for s in range(n)]
+    assert sum(sum(a - 1 for a in r.accept_lengths) for r in runs) > n // 2  # drafts were accepted
+    assert_same_token_distribution(plain, [r.token_ids for r in runs], (1, 2, 3))
+
+
+def test_refusals_say_what_to_change(qwen3, heads, tiny_dirs, tmp_path):
+    target, tok = qwen3
+    drafter = load_dspark(heads["qwen3"], target)
+    with pytest.raises(InputError, match="lookup"):
+        speculative_generate(target, tok, drafter, "hi", pipeline=True, lookup_drafts=True)
+    with pytest.raises(InputError, match="confidence"):
+        speculative_generate(target, tok, drafter, "hi", pipeline=True, confidence_threshold=0.5)
+    dflash = load_dflash(build_tiny_dflash(tmp_path / "df", tiny_dirs["qwen3"]), target)
+    with pytest.raises(InputError, match="DSpark heads"):
+        speculative_generate(target, tok, dflash, "hi", pipeline=True)
+    hybrid_dir = build_tiny_model(tmp_path / "lfm2", "lfm2", num_layers=2)
+    hybrid, htok = load_target(hybrid_dir)
+    head = load_dspark(build_tiny_dspark(tmp_path / "hh", hybrid_dir), hybrid)
+    with pytest.raises(InputError, match="plain KV caches; model_type 'lfm2'"):
+        speculative_generate(hybrid, htok, head, "hi", pipeline=True)
