@@ -57,6 +57,7 @@ class Mode(str, Enum):
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (mode draft), directory or repo id.")]
 LaunchEveryOpt = Annotated[str, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off; auto: probe once for this model on this machine, store the verdict in --db and reuse it); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
+PipelineOpt = Annotated[bool, typer.Option("--pipeline", help="DSpark heads: build each round while the previous one computes (the head drafts alone; plain-KV models). Faster where a round's graph building shows, e.g. small models on a GPU.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
@@ -74,7 +75,8 @@ def generate(
     drafter_bits: Annotated[int, typer.Option(help="Quantize the drafter's weights at load: 4, 8, or 16 (float).")] = 4,
     drafter_window: Annotated[int, typer.Option(help="Context positions the drafter attends to.")] = 4096,
     confidence_threshold: Annotated[float, typer.Option(help="Cut a DSpark draft where the head's confidence falls below this (0 = off).")] = 0.0,
-    lookup_drafts: Annotated[bool, typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists.")] = True,
+    lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on, off with --pipeline).")] = None,
+    pipeline: PipelineOpt = False,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy; > 0 samples (speculative paths stay exact samples of the model).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1]; 1 disables.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens; 0 disables.")] = 0,
@@ -103,6 +105,8 @@ def generate(
             raise DsparkError(f"--max-draft must be a number or 'auto', got {max_draft!r}.") from None
     else:
         max_draft = None
+    if pipeline and mode not in (Mode.dspark, Mode.auto):
+        raise DsparkError(f"--pipeline runs DSpark heads (--mode dspark); this run is --mode {mode.value}. Drop --pipeline or use --mode dspark.")
     if mode in (Mode.dspark, Mode.dflash) and drafter is None:
         raise DsparkError(f"--mode {mode.value} needs --drafter DIR (a head for this model); or use --mode auto or lookup.")
     if mode is Mode.draft and draft_model is None:
@@ -165,7 +169,8 @@ def generate(
             engine.dispose()
     if mode in (Mode.dspark, Mode.dflash):
         result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
-                                      confidence_threshold=confidence_threshold, cap_controller=controller, **common)
+                                      confidence_threshold=confidence_threshold, cap_controller=controller,
+                                      pipeline=pipeline and mode is Mode.dspark, **common)
     elif mode is Mode.draft:
         result = draft_model_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, cap_controller=controller, **common)
     elif mode is Mode.lookup:
@@ -294,6 +299,7 @@ def sweep(
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
     launch_every: LaunchEveryOpt = "0",
+    pipeline: PipelineOpt = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -309,7 +315,7 @@ def sweep(
         cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
-                          launch_every=launch_every)
+                          launch_every=launch_every, pipeline=pipeline)
     def event(msg: str) -> None:
         if verbose or not msg.startswith("stored"):
             err.print(f"[dim]{msg}[/]", highlight=False)
@@ -400,6 +406,7 @@ def benchmark(
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
     launch_every: LaunchEveryOpt = "0",
+    pipeline: PipelineOpt = False,
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
     speedup (with its 95% CI) and acceptance per domain."""
@@ -413,7 +420,7 @@ def benchmark(
         modes.append("lookup")
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
-                      launch_every=launch_every)
+                      launch_every=launch_every, pipeline=pipeline)
     rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith("stored") else err.print(f"[dim]{m}[/]", highlight=False))
     engine = open_db(db)
     try:

@@ -63,6 +63,16 @@ def test_sweep_stores_every_trial(tiny_dirs, head, tmp_path):
     assert types["decode_tokens_per_sec"] == "DOUBLE"
 
 
+def test_a_pipelined_sweep_is_lossless_and_says_so(tiny_dirs, head, tmp_path):
+    db = tmp_path / "p.duckdb"
+    cfg = small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark"], caps=["2"], trials=1, pipeline=True)
+    assert cfg.key() != small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark"], caps=["2"], trials=1).key()
+    run_sweep(cfg, db, progress=False)
+    assert rows(db, "select count(*), count(*) filter (where lossless) from trials where mode = 'dspark'")[0] == (4, 4)
+    assert json.loads(rows(db, "select config from runs")[0][0])["pipeline"] is True
+    assert json.loads(rows(db, "select device_stamp from runs")[0][0])["engine_options"]["pipeline"] is True
+
+
 def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
     import dspark_lab.engine as engine_mod
 

@@ -48,6 +48,7 @@ class SweepConfig:
     drafter_bits: int = 4
     dtype: str | None = None
     launch_every: int | str = 0  # Target.launch_every for every arm, the baseline included; "auto": lab/launch_probe.py
+    pipeline: bool = False  # dspark arms run the pipelined loop (engine/pipeline.py; head drafts only, no lookup)
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -78,6 +79,8 @@ class SweepConfig:
             del fields["draft_models"]  # grids from before draft mode keep their key, so they still resume
         if not fields["launch_every"]:
             del fields["launch_every"]  # likewise for grids from before launch_every
+        if not fields["pipeline"]:
+            del fields["pipeline"]  # and from before pipeline
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -191,7 +194,8 @@ def run_sweep(
     sets = load_prompt_sets(cfg.prompt_sets, limit=cfg.prompt_limit)
     engine = open_db(db_path)
     stamp = collect_device_stamp({"drafter_bits": cfg.drafter_bits, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
-                                  **({"launch_every": cfg.launch_every} if cfg.launch_every else {})})
+                                  **({"launch_every": cfg.launch_every} if cfg.launch_every else {}),
+                                  **({"pipeline": True} if cfg.pipeline else {})})
     run_id = resume if isinstance(resume, str) else (find_resumable(engine, cfg) if resume else None)
     with Session(engine) as s:
         if run_id is not None:
@@ -257,6 +261,9 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
             s.commit()
     else:
         target.launch_every = cfg.launch_every
+    pipeline = cfg.pipeline and target.can_pipeline(target.make_cache())
+    if cfg.pipeline and not pipeline:
+        say(f"{model_id}: model_type {target.model_type!r} has cache state the pipelined loop cannot rewind; its dspark arms run the plain loop")
     drafters = {}  # (mode, drafter id) -> loaded head
     loaders = {"dspark": load_dspark, "dflash": load_dflash}
     for mode in (m for m in HEAD_MODES if m in cfg.modes):
@@ -300,7 +307,8 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
         else:
             d = drafters[(arm.mode, arm.drafter_id)]
             r = speculative_generate(target, tok, d, prompt_input, max_new_tokens=max_new,
-                                     max_draft_tokens=min(cap, d.config.max_drafts) if cap else 2, cap_controller=ctrl)
+                                     max_draft_tokens=min(cap, d.config.max_drafts) if cap else 2, cap_controller=ctrl,
+                                     pipeline=pipeline and arm.mode == "dspark")
         return r, (ctrl.history if ctrl is not None else None)
 
     if cfg.warmup:  # every arm once on a short generation: compiles kernels, fills caches
