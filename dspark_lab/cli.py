@@ -49,6 +49,7 @@ class Mode(str, Enum):
     baseline = "baseline"
     lookup = "lookup"
     dspark = "dspark"
+    dspark_pipe = "dspark-pipe"
     dflash = "dflash"
     draft = "draft"
     auto = "auto"
@@ -57,7 +58,6 @@ class Mode(str, Enum):
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (mode draft), directory or repo id.")]
 LaunchEveryOpt = Annotated[str, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off; auto: probe once for this model on this machine, store the verdict in --db and reuse it); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
-PipelineOpt = Annotated[bool, typer.Option("--pipeline", help="DSpark heads: build each round while the previous one computes (the head drafts alone; plain-KV models). Faster where a round's graph building shows, e.g. small models on a GPU.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
@@ -66,7 +66,7 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
-    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
+    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; head drafts only, plain-KV models); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head directory or repo id.")] = None,
     draft_model: DraftModelOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
@@ -75,8 +75,7 @@ def generate(
     drafter_bits: Annotated[int, typer.Option(help="Quantize the drafter's weights at load: 4, 8, or 16 (float).")] = 4,
     drafter_window: Annotated[int, typer.Option(help="Context positions the drafter attends to.")] = 4096,
     confidence_threshold: Annotated[float, typer.Option(help="Cut a DSpark draft where the head's confidence falls below this (0 = off).")] = 0.0,
-    lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on, off with --pipeline).")] = None,
-    pipeline: PipelineOpt = False,
+    lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on; dspark-pipe cannot).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy; > 0 samples (speculative paths stay exact samples of the model).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1]; 1 disables.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens; 0 disables.")] = 0,
@@ -105,9 +104,7 @@ def generate(
             raise DsparkError(f"--max-draft must be a number or 'auto', got {max_draft!r}.") from None
     else:
         max_draft = None
-    if pipeline and mode not in (Mode.dspark, Mode.auto):
-        raise DsparkError(f"--pipeline runs DSpark heads (--mode dspark); this run is --mode {mode.value}. Drop --pipeline or use --mode dspark.")
-    if mode in (Mode.dspark, Mode.dflash) and drafter is None:
+    if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dflash) and drafter is None:
         raise DsparkError(f"--mode {mode.value} needs --drafter DIR (a head for this model); or use --mode auto or lookup.")
     if mode is Mode.draft and draft_model is None:
         raise DsparkError("--mode draft needs --draft-model DIR (a small model with this model's tokenizer); or use --mode lookup, which needs none.")
@@ -127,9 +124,9 @@ def generate(
         except DsparkError as e:
             err.print(f"[dim]auto: {e} Using lookup decoding.[/]")
             mode = Mode.lookup
-    elif mode in (Mode.dspark, Mode.auto):
+    elif mode in (Mode.dspark, Mode.dspark_pipe, Mode.auto):
         target, tokenizer, head, pair = load_pair(model, drafter, drafter_bits=drafter_bits, drafter_window=drafter_window, max_draft_tokens=max_draft, **load_opts)
-        mode, max_draft = Mode.dspark, pair.max_draft_tokens
+        mode, max_draft = (Mode.dspark_pipe if mode is Mode.dspark_pipe else Mode.dspark), pair.max_draft_tokens
     if mode is Mode.dflash:
         from .engine import load_dflash_pair
 
@@ -156,21 +153,23 @@ def generate(
         launch_every = verdict.every
     target.launch_every = launch_every
     controller = None
-    if auto_cap and mode in (Mode.dspark, Mode.dflash, Mode.lookup, Mode.draft):
+    if auto_cap and mode in (Mode.dspark, Mode.dspark_pipe, Mode.dflash, Mode.lookup, Mode.draft):
         from .db import open_db
         from .lab.calibrate import calibrate as run_calibration
 
         err.print("[dim]--max-draft auto: calibrating this pair on this machine (stored curves are reused)...[/]")
         engine = open_db(db)
         try:
-            controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
+            # dspark-pipe starts from the plain loop's curves; the controller then learns its real round times.
+            cal_mode = "dspark" if mode is Mode.dspark_pipe else mode.value
+            controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=cal_mode, model_id=model,
                                          drafter_id=draft_model if mode is Mode.draft else drafter, db=engine)
         finally:
             engine.dispose()
-    if mode in (Mode.dspark, Mode.dflash):
+    if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dflash):
         result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
                                       confidence_threshold=confidence_threshold, cap_controller=controller,
-                                      pipeline=pipeline and mode is Mode.dspark, **common)
+                                      pipeline=mode is Mode.dspark_pipe, **common)
     elif mode is Mode.draft:
         result = draft_model_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, cap_controller=controller, **common)
     elif mode is Mode.lookup:
@@ -284,7 +283,7 @@ def sweep(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
     drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
     draft_model: Annotated[Optional[list[str]], typer.Option("--draft-model", help="Draft model for mode draft (repeatable); each is paired with every model whose tokenizer it shares.")] = None,
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dflash, draft (the baseline always runs). Default: lookup, plus dspark and dflash when drafters are given (each head runs in the mode it loads as), plus draft when draft models are given.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dflash, draft (the baseline always runs). Default: lookup, plus dspark, dspark-pipe and dflash when drafters are given (each head runs in the modes it loads as), plus draft when draft models are given.")] = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
@@ -299,7 +298,6 @@ def sweep(
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
     launch_every: LaunchEveryOpt = "0",
-    pipeline: PipelineOpt = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -311,11 +309,11 @@ def sweep(
     else:
         if not model:
             raise DsparkError("sweep needs --model (or --grid FILE).")
-        mode_list = _csv(modes) if modes else (["lookup"] + (["dspark", "dflash"] if drafter else []) + (["draft"] if draft_model else []))
+        mode_list = _csv(modes) if modes else (["lookup"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft"] if draft_model else []))
         cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
-                          launch_every=launch_every, pipeline=pipeline)
+                          launch_every=launch_every)
     def event(msg: str) -> None:
         if verbose or not msg.startswith("stored"):
             err.print(f"[dim]{msg}[/]", highlight=False)
@@ -406,7 +404,6 @@ def benchmark(
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
     launch_every: LaunchEveryOpt = "0",
-    pipeline: PipelineOpt = False,
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
     speedup (with its 95% CI) and acceptance per domain."""
@@ -415,12 +412,12 @@ def benchmark(
     from .lab.results import export_run
     from .lab.sweep import SweepConfig, run_sweep
 
-    modes = ["baseline"] + (["dspark", "dflash"] if drafter else []) + (["draft"] if draft_model else [])
+    modes = ["baseline"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft"] if draft_model else [])
     if len(modes) == 1:  # nothing to pair with: measure lookup, which needs no drafter
         modes.append("lookup")
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
-                      launch_every=launch_every, pipeline=pipeline)
+                      launch_every=launch_every)
     rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith("stored") else err.print(f"[dim]{m}[/]", highlight=False))
     engine = open_db(db)
     try:

@@ -76,13 +76,11 @@ def test_generate_pipelined(tiny_dirs, tmp_path):
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"])
     args = ["generate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "-p", "a b c a b c", "-n", "10", "--max-draft", "3"]
     plain = runner.invoke(app, args + ["--mode", "baseline"])
-    r = runner.invoke(app, args + ["--mode", "dspark", "--pipeline"])
+    r = runner.invoke(app, args + ["--mode", "dspark-pipe"])
     assert r.exit_code == 0, r.output
     assert "10 tokens" in r.output and r.output.splitlines()[0] == plain.output.splitlines()[0]
-    r = runner.invoke(app, args + ["--mode", "dspark", "--pipeline", "--lookup-drafts"])
+    r = runner.invoke(app, args + ["--mode", "dspark-pipe", "--lookup-drafts"])
     assert r.exit_code == 2 and "lookup" in r.output
-    r = runner.invoke(app, args + ["--mode", "lookup", "--pipeline"])
-    assert r.exit_code == 2 and "--pipeline runs DSpark heads" in r.output
 
 
 def test_generate_dspark_needs_a_drafter(tiny_dirs):

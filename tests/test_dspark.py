@@ -17,6 +17,7 @@ from dspark_lab.tiny import DSPARK_LAYOUTS, build_tiny_dspark
 
 @pytest.mark.parametrize("backbone", ["qwen3", "gemma4", "repeat"])
 def test_lossless_at_every_cap(qwen3, heads, greedy_refs, backbone):
+    """Both loops, plain and pipelined (engine/pipeline.py), give greedy's ids, and the same rounds."""
     target, tok = qwen3
     drafter = load_dspark(heads[backbone], target)
     for cap in range(1, drafter.config.block_size + 1):
@@ -24,6 +25,14 @@ def test_lossless_at_every_cap(qwen3, heads, greedy_refs, backbone):
             r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=cap, lookup_drafts=False)
             assert r.token_ids == greedy_refs[p], (backbone, cap, p)
             assert max(r.draft_lengths) <= cap
+            piped = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=cap, pipeline=True)
+            assert piped.token_ids == greedy_refs[p], (backbone, cap, p, "pipelined")
+            assert piped.accept_lengths == r.accept_lengths and piped.host_reads == piped.num_rounds + 1
+            # Near the length limit the plain loop drafts fewer (never past the limit); the
+            # pipelined one drafts the cap and cuts the output to the limit instead.
+            for i, (ours, theirs) in enumerate(zip(piped.draft_lengths, r.draft_lengths)):
+                room = 24 - 1 - sum(r.accept_lengths[:i])
+                assert ours == cap and theirs == min(cap, room - 1)
 
 
 @pytest.mark.parametrize("backbone", ["qwen3", "repeat"])
@@ -70,15 +79,18 @@ def test_drafter_bits(qwen3, heads, greedy_refs, bits):
     assert speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=3).token_ids == greedy_refs[p]
 
 
-def test_speculative_sampling_is_exact(qwen3, heads):
-    """Tokens 2-4 sampled through DSpark drafts (with the drafter's own distribution) follow the
-    same distribution as plain sampling from the target (chi-square homogeneity, ALPHA)."""
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_speculative_sampling_is_exact(qwen3, heads, pipeline):
+    """Tokens 2-4 sampled through DSpark drafts (with the drafter's own distribution), by the
+    plain or the pipelined loop, follow the same distribution as plain sampling from the target
+    (chi-square homogeneity, ALPHA)."""
     target, tok = qwen3
     drafter = load_dspark(heads["repeat"], target, bits=16)
     prompt, n = REPETITIVE[1], 300
     params = dict(max_new_tokens=4, temperature=1.0, top_k=3, apply_chat_template=False)
     plain = [greedy_generate(target, tok, prompt, seed=s, **params).token_ids for s in range(n)]
-    runs = [speculative_generate(target, tok, drafter, prompt, seed=5000 + s, max_draft_tokens=3, lookup_drafts=False, **params) for s in range(n)]
+    runs = [speculative_generate(target, tok, drafter, prompt, seed=5000 + s, max_draft_tokens=3, lookup_drafts=False if not pipeline else None,
+                                 pipeline=pipeline, **params) for s in range(n)]
     assert sum(sum(a - 1 for a in r.accept_lengths) for r in runs) > n // 2  # drafts were accepted
     spec = [r.token_ids for r in runs]
     assert_same_token_distribution(plain, spec, (1, 2, 3))
@@ -206,3 +218,13 @@ def test_load_pair_resolves_from_registry(tiny_dirs, heads, tmp_path):
                                           "speedup": 2.5, "trials": 9, "device": "test", "run_ids": ["r1"]}]}))
     _, _, drafter, cfg = load_pair(tiny_dirs["qwen3"], registry=reg)
     assert cfg.source == "registry" and cfg.max_draft_tokens == 4 and cfg.evidence["speedup"] == 2.5
+
+
+def test_a_registry_entry_measured_pipelined_says_so(qwen3, tiny_dirs, heads, greedy_refs, tmp_path):
+    reg = tmp_path / "registry.json"
+    reg.write_text(json.dumps({"pairs": [{"target": str(tiny_dirs["qwen3"]), "drafter": str(heads["repeat"]), "mode": "dspark-pipe",
+                                          "cap": 3, "speedup": 1.1, "trials": 9, "device": "test", "run_ids": ["r1"]}]}))
+    target, tok, drafter, cfg = load_pair(tiny_dirs["qwen3"], registry=reg)
+    assert cfg.mode == "dspark-pipe" and drafter.kind == "dspark" and cfg.max_draft_tokens == 3
+    r = speculative_generate(target, tok, drafter, PROMPTS[0], max_new_tokens=24, max_draft_tokens=cfg.max_draft_tokens, pipeline=True)
+    assert r.token_ids == greedy_refs[PROMPTS[0]] and r.mode == "dspark-pipe"

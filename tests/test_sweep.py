@@ -63,14 +63,27 @@ def test_sweep_stores_every_trial(tiny_dirs, head, tmp_path):
     assert types["decode_tokens_per_sec"] == "DOUBLE"
 
 
-def test_a_pipelined_sweep_is_lossless_and_says_so(tiny_dirs, head, tmp_path):
+def test_the_pipelined_loop_is_an_arm_of_its_own(tiny_dirs, head, tmp_path):
+    """dspark-pipe runs beside dspark with the same head: lossless, arms of its own, and cap auto
+    works (the controller starts from the dspark curves)."""
     db = tmp_path / "p.duckdb"
-    cfg = small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark"], caps=["2"], trials=1, pipeline=True)
-    assert cfg.key() != small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark"], caps=["2"], trials=1).key()
-    run_sweep(cfg, db, progress=False)
-    assert rows(db, "select count(*), count(*) filter (where lossless) from trials where mode = 'dspark'")[0] == (4, 4)
-    assert json.loads(rows(db, "select config from runs")[0][0])["pipeline"] is True
-    assert json.loads(rows(db, "select device_stamp from runs")[0][0])["engine_options"]["pipeline"] is True
+    run_sweep(small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark", "dspark-pipe"], caps=["3", "auto"], trials=1), db, progress=False)
+    assert rows(db, "select count(*), count(*) filter (where lossless) from trials where mode = 'dspark-pipe'")[0] == (8, 8)
+    assert sorted(r[0] for r in rows(db, "select distinct cap from trials where mode = 'dspark-pipe'")) == ["3", "auto"]
+    assert rows(db, "select count(*) from trials where mode = 'dspark-pipe' and cap = 'auto' and caps_chosen is not null")[0][0] == 4
+
+
+def test_dspark_pipe_is_skipped_where_caches_cannot_be_pipelined(tmp_path):
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "lfm2", "lfm2", num_layers=2)
+    head = build_tiny_dspark(tmp_path / "h", model)
+    events = []
+    run_sweep(small_config(model, head, modes=["baseline", "dspark", "dspark-pipe"], caps=["2"], trials=1), tmp_path / "h.duckdb",
+              progress=False, on_event=events.append)
+    assert any("skipping mode dspark-pipe" in e and "lfm2" in e for e in events)
+    assert rows(tmp_path / "h.duckdb", "select count(*) from trials where mode = 'dspark-pipe'")[0][0] == 0
+    assert rows(tmp_path / "h.duckdb", "select count(*) from trials where mode = 'dspark'")[0][0] == 4
 
 
 def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
@@ -147,7 +160,7 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(tiny_dirs, head, tmp_pa
     assert rows(db, "select status from runs")[0][0] == "running"  # killed: never marked finished
     r = runner.invoke(app, ["sweep", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--db", str(db), "--resume", *SWEEP_ARGS])
     assert r.exit_code == 0, r.output
-    total = 5 * 2 * 3 * 3  # arms x sets x prompts x trials
+    total = 7 * 2 * 3 * 3  # arms (baseline, lookup, dspark, dspark-pipe at 2 caps) x sets x prompts x trials
     assert rows(db, "select count(*) from trials")[0][0] == total
     assert rows(db, "select count(*) from (select arm_key, trial_index from trials group by all having count(*) > 1)")[0][0] == 0
     assert rows(db, "select count(*), min(status) from runs")[0] == (1, "finished")

@@ -68,7 +68,8 @@ def pipelined_loop(
     offset = mx.array(len(prompt_ids), dtype=mx.int32)  # target cache length == head context length
     rows, rows_at = None, None  # the previous round's tapped rows, and where they go in the head's context
     known_len = len(prompt_ids)  # the cache length after the last round read on the host
-    in_flight: deque = deque()  # (payload, drafted, started)
+    in_flight: deque = deque()  # (payload, drafted, built)
+    last_read = time.perf_counter()
 
     def build() -> None:
         nonlocal pending, offset, rows, rows_at, forwards
@@ -100,9 +101,13 @@ def pipelined_loop(
         # least one token) may already finish the job.
         if produced + len(in_flight) < max_new_tokens:
             build()
-        payload, k, started = in_flight.popleft()
+        payload, k, built = in_flight.popleft()
         read = payload.tolist()  # round r's verdict, read while round r+1 computes
         reads += 1
+        # A round's cost is the time between verdicts (rounds overlap, so build-to-read would
+        # count the previous round's computing too); the first round has no previous verdict.
+        now = time.perf_counter()
+        seconds, last_read = now - max(built, last_read), now
         n, nxt = read[0], read[1]
         known_len += n + 1
         new = (read[2 : 2 + n] + [nxt])[: max_new_tokens - produced]
@@ -111,7 +116,7 @@ def pipelined_loop(
         produced += len(new)
         done = stream.add(new)
         if on_round is not None:
-            on_round(k, len(new), time.perf_counter() - started)
+            on_round(k, len(new), seconds)
         if not done and produced >= max_new_tokens:
             stream.finish("length")
             done = True

@@ -104,7 +104,7 @@ def speculative_generate(
         from .pipeline import pipelined_loop
 
         return pipelined_loop(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, cap=cap,
-                              stream=TextStream(tokenizer, stop, on_text), mode=drafter.kind, on_round=on_round)
+                              stream=TextStream(tokenizer, stop, on_text), mode="dspark-pipe", on_round=on_round)
     source = HeadSource(drafter, lookup=lookup_drafts is not False, confidence_threshold=confidence_threshold)
     result = speculative_loop(target, prompt_ids, params, source, max_new_tokens=max_new_tokens, cap=cap,
                               stream=TextStream(tokenizer, stop, on_text), mode=drafter.kind, on_round=on_round)
@@ -165,7 +165,9 @@ def load_pair(
     With no drafter, the registry of measured pairs picks one: the entry for this model (any
     quantization) measured on `machine` if given, else on the same backend, else anywhere; the
     PairConfig's `evidence` says which measurement the choice rests on. A model with no entry
-    is an error that says to pass `drafter=` or use lookup."""
+    is an error that says to pass `drafter=` or use lookup. A `mode` of "dspark-pipe" means the
+    head was measured fastest through the pipelined loop: pass `pipeline=True` to
+    speculative_generate."""
     source, evidence, mode = "user", {}, "dspark"
     if drafter is None:
         entry = _registry_entry(str(model), registry, machine)

@@ -27,8 +27,9 @@ from sqlmodel import Session, select
 from ..errors import DsparkError, InputError
 from ..schemas.records import Run, Trial, utcnow
 
-MODES = ("baseline", "lookup", "dspark", "dflash", "draft")
-HEAD_MODES = ("dspark", "dflash")  # modes that need a drafter head
+MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dflash", "draft")
+HEAD_MODES = ("dspark", "dspark-pipe", "dflash")  # modes that need a drafter head
+# dspark-pipe: a DSpark head through the pipelined loop (engine/pipeline.py), head drafts only.
 AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size (lookup, a draft model)
 
 
@@ -48,7 +49,6 @@ class SweepConfig:
     drafter_bits: int = 4
     dtype: str | None = None
     launch_every: int | str = 0  # Target.launch_every for every arm, the baseline included; "auto": lab/launch_probe.py
-    pipeline: bool = False  # dspark arms run the pipelined loop (engine/pipeline.py; head drafts only, no lookup)
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -79,8 +79,6 @@ class SweepConfig:
             del fields["draft_models"]  # grids from before draft mode keep their key, so they still resume
         if not fields["launch_every"]:
             del fields["launch_every"]  # likewise for grids from before launch_every
-        if not fields["pipeline"]:
-            del fields["pipeline"]  # and from before pipeline
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -194,8 +192,7 @@ def run_sweep(
     sets = load_prompt_sets(cfg.prompt_sets, limit=cfg.prompt_limit)
     engine = open_db(db_path)
     stamp = collect_device_stamp({"drafter_bits": cfg.drafter_bits, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
-                                  **({"launch_every": cfg.launch_every} if cfg.launch_every else {}),
-                                  **({"pipeline": True} if cfg.pipeline else {})})
+                                  **({"launch_every": cfg.launch_every} if cfg.launch_every else {})})
     run_id = resume if isinstance(resume, str) else (find_resumable(engine, cfg) if resume else None)
     with Session(engine) as s:
         if run_id is not None:
@@ -261,13 +258,17 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
             s.commit()
     else:
         target.launch_every = cfg.launch_every
-    pipeline = cfg.pipeline and target.can_pipeline(target.make_cache())
-    if cfg.pipeline and not pipeline:
-        say(f"{model_id}: model_type {target.model_type!r} has cache state the pipelined loop cannot rewind; its dspark arms run the plain loop")
     drafters = {}  # (mode, drafter id) -> loaded head
-    loaders = {"dspark": load_dspark, "dflash": load_dflash}
-    for mode in (m for m in HEAD_MODES if m in cfg.modes):
+    loaders = {"dspark": load_dspark, "dspark-pipe": load_dspark, "dflash": load_dflash}
+    modes = [m for m in HEAD_MODES if m in cfg.modes]
+    if "dspark-pipe" in modes and not target.can_pipeline(target.make_cache()):
+        say(f"skipping mode dspark-pipe for {model_id}: model_type {target.model_type!r} keeps cache state the pipelined loop cannot rewind")
+        modes.remove("dspark-pipe")
+    for mode in modes:
         for d in cfg.drafters:
+            if mode == "dspark-pipe" and ("dspark", d) in drafters:
+                drafters[(mode, d)] = drafters[("dspark", d)]  # the same head; each generation resets its state
+                continue
             try:
                 drafters[(mode, d)] = loaders[mode](d, target, bits=cfg.drafter_bits)
             except LoadError as e:  # a head of the other kind, or for another model in a multi-model grid
@@ -291,7 +292,9 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
         ctrl = None
         if arm.cap == "auto":
             if arm.key not in curves_for:
-                curves_for[arm.key] = calibrate(target, drafters.get((arm.mode, arm.drafter_id)), mode=arm.mode, model_id=model_id,
+                # dspark-pipe starts from the plain loop's curves; the controller then learns its real round times.
+                cal_mode = "dspark" if arm.mode == "dspark-pipe" else arm.mode
+                curves_for[arm.key] = calibrate(target, drafters.get((arm.mode, arm.drafter_id)), mode=cal_mode, model_id=model_id,
                                                 drafter_id=arm.drafter_id, db=engine).curves
             max_cap = drafters[(arm.mode, arm.drafter_id)].config.max_drafts if arm.mode in HEAD_MODES else AUTO_MAX_CAP
             # A fresh controller per generation: each trial's cap choices depend on that trial alone.
@@ -308,7 +311,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
             d = drafters[(arm.mode, arm.drafter_id)]
             r = speculative_generate(target, tok, d, prompt_input, max_new_tokens=max_new,
                                      max_draft_tokens=min(cap, d.config.max_drafts) if cap else 2, cap_controller=ctrl,
-                                     pipeline=pipeline and arm.mode == "dspark")
+                                     pipeline=arm.mode == "dspark-pipe")
         return r, (ctrl.history if ctrl is not None else None)
 
     if cfg.warmup:  # every arm once on a short generation: compiles kernels, fills caches

@@ -89,7 +89,7 @@ class Trial(SQLModel, table=True):
     trial_index: int
     model_id: str
     drafter_id: str | None = None
-    mode: str  # baseline | lookup | dspark | dflash
+    mode: str  # baseline | lookup | dspark | dspark-pipe | dflash | draft
     cap: str  # "0" for baseline, a number, or "auto"
     prompt_set: str
     prompt_set_version: str
