@@ -39,9 +39,9 @@ sweep() {  # name model head caps extra...; each sweep its own database (paralle
   run timeout "${SWEEP_TIMEOUT:-170}" python3 -m dspark_lab sweep -m "$model" -d "$head" --caps "$caps" --prompts code,math,chat \
     --prompt-limit 4 --trials 1 -n 128 --drafter-bits 16 --db "/tmp/campaign_$name.duckdb" --json "$OUT/sweep_$name.json" "$@" 2>&1 | quiet | tail -8
 }
-sweep_smol() { sweep smollm2 "$SMOL" "$SMOL_HEAD" 2,4 --modes lookup,dspark; }
-sweep_qwen05() { sweep qwen05 "$QWEN" "$QWEN_HEAD" 4,7 --modes lookup,dspark; }
-sweep_qwen15() { [ -z "${QWEN15:-}" ] || sweep qwen15 "$QWEN15" "$QWEN15_HEAD" 3,7 --modes lookup,dspark,draft --draft-model "$QWEN"; }
+sweep_smol() { sweep smollm2 "$SMOL" "$SMOL_HEAD" 2,4 --modes lookup,dspark,dspark-pipe; }
+sweep_qwen05() { sweep qwen05 "$QWEN" "$QWEN_HEAD" 4,7 --modes lookup,dspark,dspark-pipe; }
+sweep_qwen15() { [ -z "${QWEN15:-}" ] || sweep qwen15 "$QWEN15" "$QWEN15_HEAD" 3,7 --modes lookup,dspark,dspark-pipe,draft --draft-model "$QWEN"; }
 evaluate() {  # name model head cap: the head alone on the held-out built-in sets
   run timeout "${EVAL_TIMEOUT:-120}" python3 benchmarks/lossless_check.py --model "$2" --head "$3" --drafter-bits 16 --prompts code,math,chat \
     --limit 8 --max-new-tokens 128 --cap "$4" --no-lookup-arm --out "$OUT/eval_$1.json" 2>&1 | grep "mean accept length\|identical;\|^rc=\|^== \|Error"
