@@ -126,3 +126,25 @@ def test_refusals_say_what_to_change(qwen3, heads, tiny_dirs, tmp_path):
     head = load_dspark(build_tiny_dspark(tmp_path / "hh", hybrid_dir), hybrid)
     with pytest.raises(InputError, match="plain KV caches; model_type 'lfm2'"):
         speculative_generate(hybrid, htok, head, "hi", pipeline=True)
+
+
+def test_the_offset_forward_is_checked_against_the_plain_one(tiny_models, monkeypatch):
+    """Every plain-KV family passes; a family whose attention ignored the cache's mask (stale
+    rows of a rejected draft visible) is caught and refused by name."""
+    from dspark_lab import LoadError
+    from dspark_lab.engine.compiled import ArrayOffsetKV
+
+    for family, (target, _) in tiny_models.items():
+        assert target.check_offset_forward() < 1e-4, family
+    target, _ = tiny_models["llama"]
+    target._offset_checked = None
+    monkeypatch.setattr(ArrayOffsetKV, "make_mask", lambda self, N, return_array=False, window_size=None: "causal")
+    for fwd in target._at_offset.values():
+        fwd._fns.clear()  # trace again, with the broken mask
+    try:
+        with pytest.raises(LoadError, match="model_type 'llama'.*Use mode dspark"):
+            target.check_offset_forward()
+    finally:
+        target._offset_checked = None
+        for fwd in target._at_offset.values():
+            fwd._fns.clear()

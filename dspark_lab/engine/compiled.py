@@ -1,20 +1,20 @@
-"""A compiled decode forward: the target's own layers traced once per shape by `mx.compile`
-and replayed, instead of building the graph operation by operation every step.
+"""The target's forward at a write position held in a device array, optionally compiled.
 
-Why: on a fast GPU, decoding models of this size is bound by the host building each step's
-graph (docs/performance.md: 4-6 ms per token from 135 M to 1.5 B parameters). Plain decoding
-hides that building behind the previous step's computing; a speculative round cannot (it must
-read the verdict before it builds the next round), so the build adds to every round. A compiled
-function skips Python entirely on replay and fuses elementwise chains.
+The pipelined loop (engine/pipeline.py) builds a round before the previous verdict is read, so
+it cannot know where the round's rows go: the position is an array. The same holds for a
+traced forward (`mx.compile`), which would freeze a Python int. Compiling also fuses the
+elementwise chains into fewer kernels; on the H200 that, not the host's building, is what made
+pipelined rounds faster (docs/performance.md).
 
-What makes the forward traceable is the cache: mlx-lm's KV caches hold their write position as
+What makes the forward position-agnostic is the cache: mlx-lm's KV caches hold their write position as
 a Python int, which a trace would freeze. Here each layer's cache is stood in for by
 `ArrayOffsetKV`, whose offset is an array input: keys and values are written with
 `mx.slice_update` at that offset, attention sees the whole preallocated buffer, and a causal
 mask built from the offset hides every position at or past the end (padding, and rows a
 rejected draft left behind). The model's own attention code runs unchanged, so any family whose
-layers use a plain KV cache and an offset-taking rope works; the engine checks each model once
-(`Target.probe`) against the uncompiled forward before using it.
+layers use a plain KV cache, take their mask from it and rope at an offset works; each model is
+checked once against the plain forward before its first pipelined run
+(`Target.check_offset_forward`), with stale rows past the end that the mask must hide.
 
 Shapes stay few: the buffer grows a bucket (cache.BUCKET positions) at a time and the width is
 at most MAX_WIDTH, so a generation compiles a handful of variants. Wider inputs (prefill) take

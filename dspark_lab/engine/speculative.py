@@ -125,6 +125,7 @@ def check_pipeline(target: Target, drafter, *, lookup_drafts: bool = False, conf
     if not target.can_pipeline(target.make_cache()):
         raise InputError(f"pipeline needs plain KV caches; model_type {target.model_type!r} keeps recurrent, rotating or "
                          "quantized cache state that cannot be rewound by moving an offset. Run it without pipeline.")
+    target.check_offset_forward()  # once per model
 
 
 @dataclass

@@ -157,6 +157,7 @@ class Target:
             layer._dspark_recorder = self._recorder
             layer._dspark_index = i
         self.probed = False
+        self._offset_checked: float | None = None  # check_offset_forward's result, once per model
         self.trims_only = True  # set by make_cache
         self._compiled: OffsetForward | None = None
         # forward_at: compiled for decode widths (measured faster in the pipelined loop), plain beyond.
@@ -316,6 +317,30 @@ class Target:
                 mx.eval([c.state for c in cache] + [p for parts in tap_parts.values() for p in parts])
         cat = lambda parts: parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)  # noqa: E731
         return ForwardOut(cat(logits_parts), {t: cat(p) for t, p in tap_parts.items()})
+
+    def check_offset_forward(self) -> float:
+        """Once per model: `forward_at` must reproduce the plain forward, with stale rows past
+        the write position (a rejected draft's) that its mask must hide. Returns the relative
+        difference; raises LoadError naming the model_type when it exceeds PROBE_RTOL."""
+        if self._offset_checked is not None:
+            return self._offset_checked
+        ids = mx.array([(5 * i + 2) % self.vocab_size for i in range(12)], dtype=mx.uint32)
+        ref_cache = self.make_cache()
+        self.forward(ids[:8], ref_cache)
+        ref = self.forward(ids[8:], ref_cache).logits
+        cache = self.make_cache()
+        self.forward(mx.concatenate([ids[:8], ids[:4]]), cache)  # rows 8-11 hold other tokens...
+        self.trim(cache, 4)  # ...left behind as a rejected draft leaves them
+        first = self.forward_at(ids[8:10], cache, mx.array(8, dtype=mx.int32), capacity=10).logits
+        second = self.forward_at(ids[10:], cache, mx.array(10, dtype=mx.int32), capacity=12).logits
+        got = mx.concatenate([first, second]).astype(mx.float32)
+        ref = ref.astype(mx.float32)
+        err = (mx.abs(got - ref).max() / mx.maximum(mx.abs(ref).max(), 1.0)).item()
+        if not err <= PROBE_RTOL:
+            raise LoadError(f"the offset-addressed forward does not reproduce model_type {self.model_type!r} "
+                            f"(relative difference {err:.2e}, limit {PROBE_RTOL:.0e}); this family cannot run mode dspark-pipe. Use mode dspark.")
+        self._offset_checked = err
+        return err
 
     def can_pipeline(self, cache: list) -> bool:
         """Whether `forward_at` can serve this cache: plain KV caches only (engine/compiled.py)."""

@@ -261,9 +261,14 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
     drafters = {}  # (mode, drafter id) -> loaded head
     loaders = {"dspark": load_dspark, "dspark-pipe": load_dspark, "dflash": load_dflash}
     modes = [m for m in HEAD_MODES if m in cfg.modes]
-    if "dspark-pipe" in modes and not target.can_pipeline(target.make_cache()):
-        say(f"skipping mode dspark-pipe for {model_id}: model_type {target.model_type!r} keeps cache state the pipelined loop cannot rewind")
-        modes.remove("dspark-pipe")
+    if "dspark-pipe" in modes:
+        try:
+            if not target.can_pipeline(target.make_cache()):
+                raise LoadError(f"model_type {target.model_type!r} keeps cache state the pipelined loop cannot rewind")
+            target.check_offset_forward()
+        except LoadError as e:
+            say(f"skipping mode dspark-pipe for {model_id}: {e}")
+            modes.remove("dspark-pipe")
     for mode in modes:
         for d in cfg.drafters:
             if mode == "dspark-pipe" and ("dspark", d) in drafters:
