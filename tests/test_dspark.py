@@ -67,6 +67,9 @@ def test_small_drafter_window_stays_lossless(qwen3, heads, greedy_refs):
     drafter = load_dspark(heads["qwen3"], target, window=4)
     for p in PROMPTS[:8]:
         assert speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=3).token_ids == greedy_refs[p]
+        plain = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=3, lookup_drafts=False)
+        piped = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=3, pipeline=True)
+        assert piped.token_ids == greedy_refs[p] and piped.accept_lengths == plain.accept_lengths  # the same windowed drafts
 
 
 @pytest.mark.parametrize("bits", [4, 8, 16])
