@@ -160,9 +160,7 @@ def generate(
         err.print("[dim]--max-draft auto: calibrating this pair on this machine (stored curves are reused)...[/]")
         engine = open_db(db)
         try:
-            # dspark-pipe starts from the plain loop's curves; the controller then learns its real round times.
-            cal_mode = "dspark" if mode is Mode.dspark_pipe else mode.value
-            controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=cal_mode, model_id=model,
+            controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
                                          drafter_id=draft_model if mode is Mode.draft else drafter, db=engine)
         finally:
             engine.dispose()

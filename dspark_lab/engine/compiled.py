@@ -6,8 +6,8 @@ traced forward (`mx.compile`), which would freeze a Python int. Compiling also f
 elementwise chains into fewer kernels; on the H200 that, not the host's building, is what made
 pipelined rounds faster (docs/performance.md).
 
-What makes the forward position-agnostic is the cache: mlx-lm's KV caches hold their write position as
-a Python int, which a trace would freeze. Here each layer's cache is stood in for by
+What makes the forward position-agnostic is the cache. mlx-lm's KV caches hold their write
+position as a Python int; here each layer's cache is stood in for by
 `ArrayOffsetKV`, whose offset is an array input: keys and values are written with
 `mx.slice_update` at that offset, attention sees the whole preallocated buffer, and a causal
 mask built from the offset hides every position at or past the end (padding, and rows a

@@ -2,9 +2,9 @@
 
 The plain loop (generate.speculative_loop) reads each round's verdict before it builds the next
 round, because the next round's inputs (the pending token, the cache length, how many tapped
-rows the head's context gains) come from that verdict. The host's building time then adds to
-the device's computing time every round, while plain decoding hides its building behind the
-previous step (docs/performance.md: a round cost about 2.4 plain steps on the H200).
+rows the head's context gains) come from that verdict, so the host's building cannot overlap
+the device's computing as it does in plain decoding. (Measured on the H200, docs/performance.md:
+removing that wait gained little by itself; the compiled verify this loop runs gained most.)
 
 Here nothing the next round needs is read on the host. The pending token, the target's cache
 length and the rows to append stay lazy arrays; caches are written at an array offset

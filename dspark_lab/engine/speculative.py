@@ -122,6 +122,12 @@ def check_pipeline(target: Target, drafter, *, lookup_drafts: bool = False, conf
     if confidence_threshold > 0:
         raise InputError("pipeline cannot truncate drafts by confidence (that needs a host read inside the round): "
                          "set confidence_threshold to 0, or run without pipeline.")
+    check_pipeline_target(target)
+
+
+def check_pipeline_target(target: Target) -> None:
+    """Refuse a target the pipelined loop cannot run exactly: caches other than plain KV
+    (InputError), or an offset-addressed forward that does not reproduce it (LoadError)."""
     if not target.can_pipeline(target.make_cache()):
         raise InputError(f"pipeline needs plain KV caches; model_type {target.model_type!r} keeps recurrent, rotating or "
                          "quantized cache state that cannot be rewound by moving an offset. Run it without pipeline.")

@@ -159,8 +159,9 @@ class Target:
         self.probed = False
         self._offset_checked: float | None = None  # check_offset_forward's result, once per model
         self.trims_only = True  # set by make_cache
-        self._compiled: OffsetForward | None = None
+        self._compiled = False  # Target.compiled
         # forward_at: compiled for decode widths (measured faster in the pipelined loop), plain beyond.
+        # Keyed by "width <= MAX_WIDTH"; the compiled one also serves Target.compiled, one trace each.
         self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
 
     @property
@@ -171,11 +172,11 @@ class Target:
         the uncompiled path. Off by default: on the H200 it made plain decoding 8-18% slower
         (the traced step attends over the whole buffer with a mask, where the plain width-1 step
         attends to an exact slice); the pipelined loop compiles its own verify regardless."""
-        return self._compiled is not None
+        return self._compiled
 
     @compiled.setter
     def compiled(self, on: bool) -> None:
-        self._compiled = OffsetForward(self, compile=True) if on else None
+        self._compiled = bool(on)
 
     @property
     def launch_every(self) -> int:
@@ -292,9 +293,9 @@ class Target:
         n = ids.shape[0]
         if n == 0:
             raise ValueError("forward needs at least one token")
-        if (self._compiled is not None and n <= MAX_WIDTH and not self.launch_every and cache[0].keys is not None
+        if (self._compiled and n <= MAX_WIDTH and not self.launch_every and cache[0].keys is not None
                 and can_compile(cache)):
-            logits, tap_rows = self._compiled(ids, cache, taps, last_only)
+            logits, tap_rows = self._at_offset[True](ids, cache, taps, last_only)
             return ForwardOut(logits, tap_rows)
         chunks = [(s, min(s + PREFILL_CHUNK, n)) for s in range(0, n, PREFILL_CHUNK)]
         logits_parts, tap_parts = [], {t: [] for t in taps}

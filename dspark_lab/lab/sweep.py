@@ -235,7 +235,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
 
     from ..engine import draft_model_generate, greedy_generate, load_target, lookup_generate, speculative_generate
     from ..engine.drafters.load import load_dflash, load_dspark
-    from ..engine.speculative import check_same_tokenizer
+    from ..engine.speculative import check_pipeline_target, check_same_tokenizer
     from ..errors import LoadError
     from .calibrate import calibrate
     from .controller import DEFAULT_ACCEPTANCE, CapController
@@ -263,10 +263,8 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
     modes = [m for m in HEAD_MODES if m in cfg.modes]
     if "dspark-pipe" in modes:
         try:
-            if not target.can_pipeline(target.make_cache()):
-                raise LoadError(f"model_type {target.model_type!r} keeps cache state the pipelined loop cannot rewind")
-            target.check_offset_forward()
-        except LoadError as e:
+            check_pipeline_target(target)
+        except DsparkError as e:
             say(f"skipping mode dspark-pipe for {model_id}: {e}")
             modes.remove("dspark-pipe")
     for mode in modes:
@@ -297,9 +295,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
         ctrl = None
         if arm.cap == "auto":
             if arm.key not in curves_for:
-                # dspark-pipe starts from the plain loop's curves; the controller then learns its real round times.
-                cal_mode = "dspark" if arm.mode == "dspark-pipe" else arm.mode
-                curves_for[arm.key] = calibrate(target, drafters.get((arm.mode, arm.drafter_id)), mode=cal_mode, model_id=model_id,
+                curves_for[arm.key] = calibrate(target, drafters.get((arm.mode, arm.drafter_id)), mode=arm.mode, model_id=model_id,
                                                 drafter_id=arm.drafter_id, db=engine).curves
             max_cap = drafters[(arm.mode, arm.drafter_id)].config.max_drafts if arm.mode in HEAD_MODES else AUTO_MAX_CAP
             # A fresh controller per generation: each trial's cap choices depend on that trial alone.

@@ -151,6 +151,14 @@ class DSparkHead(nn.Module):
             self.d2t = mx.zeros((c.out_vocab,), dtype=mx.int32)
 
 
+def _token_array(token: int | mx.array) -> mx.array:
+    """A token id as a (1,) uint32 array: a host int (the plain loop) or a lazy device value
+    (the pipelined loop, which never reads it)."""
+    if isinstance(token, mx.array):
+        return token.reshape(1).astype(mx.uint32)
+    return mx.array([token], dtype=mx.uint32)
+
+
 @dataclass
 class BlockOut:
     tokens: mx.array  # (cap,) target token ids, lazy
@@ -251,8 +259,7 @@ class DSparkDrafter(ContextDrafter):
         """Final-norm hidden states (width, H) of the block [pending] + masks, placed after the
         context (at `at` when the context length is an array: see append_context_at)."""
         c = self.config
-        pending = pending.reshape(1).astype(mx.uint32) if isinstance(pending, mx.array) else mx.array([pending], dtype=mx.uint32)
-        ids = mx.concatenate([pending, mx.full((width - 1,), c.mask_token_id, dtype=mx.uint32)])
+        ids = mx.concatenate([_token_array(pending), mx.full((width - 1,), c.mask_token_id, dtype=mx.uint32)])
         h = self.embed(ids[None])
         if self._embed_scale != 1.0:
             h = h * self._embed_scale
@@ -282,7 +289,7 @@ class DSparkDrafter(ContextDrafter):
             logits = mx.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
         markov = getattr(self.head, "markov_head", None)
         conf = getattr(self.head, "confidence_head", None)
-        prev = pending.reshape(1).astype(mx.uint32) if isinstance(pending, mx.array) else mx.array([pending], dtype=mx.uint32)
+        prev = _token_array(pending)
         tokens, probs, prevs = [], [], []
         for k in range(cap):
             row = logits[k]
