@@ -24,23 +24,31 @@ case $name in
   qwen15) model=/root/ship/qwen15/qwen2.5-coder-1.5b-q4-bfloat16; arch="--block 8 --layers 2 --markov-rank 64 --seqs 4 --anchors 256"; cap=7 ;;
   *) echo "unknown head $name (smol, qwen05, qwen15)"; exit 2 ;;
 esac
+arch=${ARCH:-$arch}  # e.g. ARCH="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 2048"
 run=/tmp/$name
 mkdir -p "$run"
 # RESUME=1: continue the checkpoint already in /tmp/NAME (a new cosine over MINUTES).
 # INIT=DIR: start from a trained head's weights (e.g. the committed fixture), fresh optimizer.
 [ "${RESUME:-0}" = 1 ] || gunzip -c "$DATA" > "$run/data.jsonl"
-# --tokens 1 and --corpus-tokens 1: the data file already holds more than both, so nothing is generated or read.
+# --tokens 0 and --corpus-tokens 1: the data file already holds its rows, so nothing is generated or read
+# (a positive --tokens would continue PROMPTS for a data file without generated rows).
 timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" --out "$run" $arch \
   --prompts "${PROMPTS:-humaneval:.device/prompts/HumanEval.jsonl.gz,.device/prompts/sharegpt.jsonl}" \
-  --tokens 1 --corpus "sharegpt:ShareGPT_V3_unfiltered_cleaned_split.json" --corpus-tokens 1 \
+  --tokens 0 --corpus "sharegpt:ShareGPT_V3_unfiltered_cleaned_split.json" --corpus-tokens 1 \
   --max-len "${MAXLEN:-1024}" --steps 200000 --lr "${LR:-1e-3}" --warmup 200 --minutes "${MINUTES:-8}" --eval-every 1000000 --checkpoint-every 1000000 \
   $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") >> "$run/distill.log" 2>&1
 echo "$name distill rc=$? at ${SECONDS}s"
 python3 benchmarks/lossless_check.py --model "$model" --head "$run" --drafter-bits 16 --prompts code,math,chat --limit 8 \
   --max-new-tokens 128 --cap "$cap" --no-lookup-arm --out "$run/eval.json" > "$run/eval.log" 2>&1
 echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept\|identical" "$run/eval.log"
-[ "${OVERLAP:-1}" = 0 ] && { echo "$name done (no timing: OVERLAP=0)"; exit 0; }  # e.g. while another job shares the GPU
-python3 benchmarks/launch_overlap.py --model "$model" --head "$run" --every 0,4 --cap "$cap" --prompts code,math,chat \
-  --limit 2 --max-new-tokens 128 --repeats 2 --json "$run/overlap.json" > "$run/overlap.log" 2>&1
-echo "$name overlap rc=$? at ${SECONDS}s"; grep -v Warning "$run/overlap.log" | tail -8
+# TIMING: overlap (launch_overlap.py at launch_every 0 and 4), pipeline (pipeline_speed.py: mlx_lm,
+# greedy, the plain loop and dspark-pipe side by side), or none (e.g. while another job shares the GPU).
+case ${TIMING:-overlap} in
+  none) echo "$name done (no timing)"; exit 0 ;;
+  pipeline) python3 benchmarks/pipeline_speed.py --model "$model" --head "$run" --caps "${CAPS:-$cap}" --limit 2 \
+              --max-new-tokens 128 --repeats 2 --no-compile --json "$run/pipeline.json" > "$run/timing.log" 2>&1 ;;
+  *) python3 benchmarks/launch_overlap.py --model "$model" --head "$run" --every 0,4 --cap "$cap" --prompts code,math,chat \
+       --limit 2 --max-new-tokens 128 --repeats 2 --json "$run/overlap.json" > "$run/timing.log" 2>&1 ;;
+esac
+echo "$name timing rc=$? at ${SECONDS}s"; grep -v Warning "$run/timing.log" | tail -12
 echo "$name done"

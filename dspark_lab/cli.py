@@ -509,8 +509,8 @@ def distill(
     markov_rank: Annotated[int, typer.Option(help="Rank of the Markov (previous-token) head; 0 for none.")] = 256,
     prompts: Annotated[str, typer.Option(help="Prompt corpus: built-in sets, .jsonl files, humaneval / gsm8k:PATH / sharegpt:PATH / mtbench:PATH.")] = "code,math,chat",
     tokens: Annotated[int, typer.Option(help="Continuation tokens of the target to generate as training data (0: none, with --corpus).")] = 20000,
-    corpus: Annotated[str, typer.Option(help="Conversations the target reads instead of writes (sharegpt:PATH): one forward per sequence instead of a decode step per token.")] = "",
-    corpus_tokens: Annotated[int, typer.Option(help="Answer tokens to take from --corpus.")] = 0,
+    corpus: Annotated[str, typer.Option(help="Conversations the target reads instead of writes (sharegpt:PATH, code:DIR of Python sources; comma-separated): one forward per sequence instead of a decode step per token.")] = "",
+    corpus_tokens: Annotated[int, typer.Option(help="Answer tokens to take from each --corpus.")] = 0,
     labels: Annotated[str, typer.Option(help="target: learn the target's own greedy prediction at every position (needed for --corpus); data: the stored next token.")] = "target",
     max_new_tokens: Annotated[int, typer.Option(help="Longest continuation per prompt (each prompt is continued once).")] = 192,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
@@ -538,7 +538,10 @@ def distill(
                         tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
                         batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, init=str(init or ""), command="dspark-lab " + " ".join(sys.argv[1:]))
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
-    out.print(f"head written to {path}; try: dspark-lab generate -m {model} -d {path} --mode dspark")
+    if data_only:  # no head yet: the next step is training on the data
+        out.print(f"training data in {path / 'data.jsonl'}; train with the same command without --data-only")
+    else:
+        out.print(f"head written to {path}; try: dspark-lab generate -m {model} -d {path} --mode dspark")
 
 
 @app.command()

@@ -353,3 +353,63 @@ def test_data_only_makes_the_data_and_a_later_run_trains_on_it_without_reading_a
     corpus.unlink()  # the second run must not need the corpus: the data holds it already
     distill(config(tiny_dirs["qwen3"], out, **opts), progress=False, say=lambda m: None)
     assert (out / "data.jsonl").read_text() == data and (out / "model.safetensors").exists()
+
+
+def test_a_sequence_shorter_than_its_anchor_count_trains_each_position_once(tiny_dirs, trained, tmp_path):
+    """--anchors beyond a sequence's positions: every position is an anchor once and the rest sit
+    at the sequence's end, weightless, so the loss terms equal those of the real anchors alone."""
+    import random
+
+    import mlx.core as mx
+
+    from dspark_lab.lab.distill import _training_batch, block_loss_terms
+
+    target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], trained, drafter_bits=16)
+    c, t = drafter.config, drafter.config.target_layer_ids
+    rows = [json.loads(line) for line in (trained / "data.jsonl").read_text().splitlines()][:1]
+    cfg = config(tiny_dirs["qwen3"], tmp_path / "x", seqs=1, anchors=400)
+    ids, lengths, anchors = _training_batch(rows, random.Random(0), cfg)
+    n = lengths[0].item()
+    real = list(range(max(1, rows[0]["prompt_len"] - 1), n - 2))
+    assert anchors[0].tolist() == real + [n] * (400 - len(real)) and ids.shape[1] > n
+    taps, labels = target.taps_and_predictions(ids, t)
+    cat = mx.concatenate([taps[x] for x in t], axis=-1)
+    padded = block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, ids, anchors, lengths, 0.8, labels)
+    alone = block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, ids, mx.array([real], dtype=mx.int32),
+                             lengths, 0.8, labels)
+    assert padded[1].item() == pytest.approx(alone[1].item()) and alone[1].item() > 0
+    assert padded[0].item() == pytest.approx(alone[0].item(), rel=1e-5)
+
+
+def test_a_code_corpus_trains_on_python_sources_beside_a_chat_corpus(tiny_dirs, tmp_path):
+    """--corpus sharegpt:A,code:DIR: each corpus gives its own --corpus-tokens; source files are
+    cut into parts at blank lines, each the answer to a request for that file's code; a file
+    that is not UTF-8 is skipped; a second run with the data in place reads neither again."""
+    src = tmp_path / "src" / "pkg"
+    src.mkdir(parents=True)
+    body = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(120))
+    (src / "mod.py").write_text(body)
+    (src / "latin1.py").write_bytes(b"# caf\xe9\nx = 1\n")
+    corpus = _sharegpt(tmp_path / "sg.json")
+    out = tmp_path / "head"
+    spec = f"sharegpt:{corpus},code:{tmp_path / 'src'}"
+    said = []
+    opts = dict(tokens=0, corpus=spec, corpus_tokens=300, steps=3, anchors=8, eval_every=100, data_only=True)
+    distill(config(tiny_dirs["qwen3"], out, **opts), progress=False, say=said.append)
+    rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    code = [r for r in rows if r["set"] == "corpus:code"]
+    assert code and {r["set"] for r in rows} == {"corpus:sharegpt", "corpus:code"}
+    assert all(r["prompt_id"].startswith("pkg/mod.py#") for r in code)  # the latin-1 file is skipped
+    assert sum(len(r["ids"]) - r["prompt_len"] for r in code) >= 300
+    from dspark_lab import load_target
+
+    _, tok = load_target(tiny_dirs["qwen3"])
+    first = tok.decode(code[0]["ids"])
+    assert "pkg/mod.py" in first and "def f0(x):" in first
+    assert any("corpus:code" in m for m in said)
+    (src / "mod.py").unlink()
+    distill(config(tiny_dirs["qwen3"], out, **opts), progress=False, say=lambda m: None)
+    assert [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()] == rows
+    with pytest.raises(InputError, match="not a directory of Python source files"):
+        distill(config(tiny_dirs["qwen3"], tmp_path / "z", corpus=f"code:{tmp_path / 'nowhere'}", corpus_tokens=10, tokens=0),
+                progress=False, say=lambda m: None)

@@ -57,7 +57,7 @@ class DistillConfig:
     max_new_tokens: int = 192  # per continuation
     steps: int = 1000
     lr: float = 5e-4
-    anchors: int = 16  # anchor positions per training step, anchors // seqs in each sequence
+    anchors: int = 16  # anchor positions per training step, anchors // seqs in each sequence (up to every position of it)
     seqs: int = 1  # sequences per training step (one batched target forward)
     held_out: int = 2  # prompts per set kept for evaluation
     eval_every: int = 200
@@ -198,19 +198,23 @@ def answer_tokens(rows: list[dict]) -> int:
 
 
 def _read_corpus(tokenizer, cfg: DistillConfig, path: Path, data: list[dict], say) -> list[dict]:
-    """Add corpus rows (lab/corpus.py) to the data until --corpus-tokens answer tokens."""
-    from .corpus import corpus_rows
+    """Add corpus rows (lab/corpus.py) to the data until each corpus has given --corpus-tokens
+    answer tokens (or ended)."""
+    from .corpus import corpus_rows, corpus_specs
 
-    have = answer_tokens([d for d in data if d.get("generation") == "corpus"])
-    if have >= cfg.corpus_tokens:
-        return data
     seen = {(d["set"], d["prompt_id"]) for d in data}
     added = []
-    with path.open("a") as f:
-        for row in corpus_rows(tokenizer, cfg.corpus, cfg.corpus_tokens - have, cfg.max_len, seen):
-            f.write(json.dumps(row) + "\n")
-            added.append(row)
-    say(f"corpus: {len(added)} conversations read, {have + answer_tokens(added)} answer tokens in all")
+    for kind, src in corpus_specs(cfg.corpus):
+        have = answer_tokens([d for d in data + added if d.get("generation") == "corpus" and d["set"] == f"corpus:{kind}"])
+        if have >= cfg.corpus_tokens:
+            continue
+        new = []
+        with path.open("a") as f:
+            for row in corpus_rows(tokenizer, kind, src, cfg.corpus_tokens - have, cfg.max_len, seen):
+                f.write(json.dumps(row) + "\n")
+                new.append(row)
+        added += new
+        say(f"corpus:{kind}: {len(new)} conversations read, {have + answer_tokens(new)} answer tokens in all")
     return data + added
 
 
@@ -233,37 +237,38 @@ def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, toke
     """Final-norm hidden states (B, A, block, H) of one block per anchor, as inference computes
     them: block rows see the context rows before their anchor and their whole block.
 
-    ctx (B, L, H) and tokens (B, L) hold B sequences; anchors (B, A) are positions in them. All
-    blocks of a sequence go through attention together, as rows of one query matrix against its
-    context keys once (not copied per anchor) followed by every block's keys; the mask lets a
-    row see the context before its anchor and its own block only. The masked keys weigh nothing,
-    so each row's output is exactly that of its block alone."""
+    ctx (B, L, H) and tokens (B, L) hold B sequences; anchors (B, A) are positions in them.
+    Attention is taken in two parts that share one softmax: every block row against the
+    sequence's context keys (projected once, masked to the rows before its anchor), and against
+    its own block's keys only. The cost grows with A * block * L, not (A * block)^2 as one query
+    matrix over every block's keys would, so a step can train every position of its sequences as
+    an anchor; each row's output is exactly that of its block alone."""
     B, A = anchors.shape
     bs, L = c.block_size, ctx.shape[1]
+    nH, nKV = c.num_attention_heads, c.kv_heads
+    g = nH // nKV  # query heads per key/value head
     first = mx.take_along_axis(tokens, anchors, axis=1)  # (B, A)
     ids = mx.concatenate([first[..., None], mx.full((B, A, bs - 1), c.mask_token_id, dtype=tokens.dtype)], axis=2)
     h = embed(ids.reshape(B * A, bs))  # (B*A, bs, H): rope wants one offset per row group
     flat_anchors = anchors.reshape(-1)
-    row_block = mx.repeat(mx.arange(A), bs)  # (A*bs,): the block each query row belongs to
-    sees_ctx = mx.arange(L)[None, None] < anchors[:, :, None]  # (B, A, L)
-    sees_ctx = mx.repeat(sees_ctx, bs, axis=1)  # (B, A*bs, L)
-    sees_block = mx.broadcast_to(row_block[:, None] == row_block[None, :], (B, A * bs, A * bs))
-    mask = mx.concatenate([sees_ctx, sees_block], axis=2)[:, None]  # (B, 1, A*bs, L + A*bs)
-
-    def rows(x):  # (B*A, heads, bs, d) -> (B, heads, A*bs, d)
-        n, d = x.shape[1], x.shape[3]
-        return x.reshape(B, A, n, bs, d).transpose(0, 2, 1, 3, 4).reshape(B, n, A * bs, d)
+    sees_ctx = (mx.arange(L)[None, None] < anchors[:, :, None])[:, None, :, None, :]  # (B, 1, A, 1, L)
 
     for layer in head.layers:
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = attn._rope(attn.q_norm(attn.q_proj(x).reshape(B * A, bs, c.num_attention_heads, -1)).transpose(0, 2, 1, 3), flat_anchors)
-        kb, vb = attn.kv(x, flat_anchors)  # the block's keys and values, as inference projects them
+        q = attn._rope(attn.q_norm(attn.q_proj(x).reshape(B * A, bs, nH, -1)).transpose(0, 2, 1, 3), flat_anchors)
+        kb, vb = attn.kv(x, flat_anchors)  # (B*A, kv_heads, bs, d): the block's keys and values, as inference projects them
         kc, vc = attn.kv(ctx, 0)  # (B, kv_heads, L, d)
-        keys = mx.concatenate([kc, rows(kb)], axis=2)
-        values = mx.concatenate([vc, rows(vb)], axis=2)
-        out = mx.fast.scaled_dot_product_attention(rows(q), keys, values, scale=attn.scale, mask=mask)
-        out = out.reshape(B, c.num_attention_heads, A, bs, -1).transpose(0, 2, 3, 1, 4).reshape(B * A, bs, -1)
+        d = q.shape[-1]
+        # Query rows grouped by the key/value head they read: (B, kv_heads, A, g*bs, d).
+        qg = q.reshape(B, A, nKV, g * bs, d).transpose(0, 2, 1, 3, 4)
+        kb, vb = (t.reshape(B, A, nKV, bs, d).transpose(0, 2, 1, 3, 4) for t in (kb, vb))  # (B, kv_heads, A, bs, d)
+        s_ctx = (qg.reshape(B, nKV, A * g * bs, d) @ kc.swapaxes(-1, -2)).reshape(B, nKV, A, g * bs, L) * attn.scale
+        s_ctx = mx.where(sees_ctx, s_ctx, mx.array(-mx.inf, dtype=s_ctx.dtype))
+        s_blk = (qg @ kb.swapaxes(-1, -2)) * attn.scale  # (B, kv_heads, A, g*bs, bs)
+        p = mx.softmax(mx.concatenate([s_ctx, s_blk], axis=-1), axis=-1, precise=True)
+        out = (p[..., :L].reshape(B, nKV, A * g * bs, L) @ vc).reshape(B, nKV, A, g * bs, d) + p[..., L:] @ vb
+        out = out.reshape(B, nKV, A, g, bs, d).transpose(0, 2, 4, 1, 3, 5).reshape(B * A, bs, nH * d)
         h = h + attn.o_proj(out)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return head.norm(h).reshape(B, A, bs, -1)
@@ -348,12 +353,14 @@ def _training_batch(data: list[dict], rng, cfg: DistillConfig):
             return None
         seqs.append(ids)
         ranges.append((lo, hi))
-    width = max(len(x) for x in seqs)
+    width = max(len(x) for x in seqs) + 1  # one row past every sequence: where padding anchors sit
     width += -width % PAD_TO
-    # The same anchor count in every sequence (repeats when one is short): one fixed shape.
+    # The same anchor count in every sequence (one fixed shape). A sequence with fewer positions
+    # than that trains each of them once; the rest of its anchors sit at its end, where no slot
+    # has a label (block_loss_terms weighs them 0), instead of training some positions twice.
     k = cfg.anchors // cfg.seqs
-    anchors = [sorted(rng.sample(range(lo, hi), k) if hi - lo >= k else [rng.randrange(lo, hi) for _ in range(k)])
-               for lo, hi in ranges]
+    anchors = [sorted(rng.sample(range(lo, hi), k)) if hi - lo >= k else list(range(lo, hi)) + [len(x)] * (k - (hi - lo))
+               for x, (lo, hi) in zip(seqs, ranges)]
     ids = mx.array([x + [x[-1]] * (width - len(x)) for x in seqs], dtype=mx.uint32)
     return ids, mx.array([len(x) for x in seqs], dtype=mx.int32), mx.array(anchors, dtype=mx.int32)
 
