@@ -35,7 +35,7 @@ mkdir -p "$run"
 timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" --out "$run" $arch \
   --prompts "${PROMPTS:-humaneval:.device/prompts/HumanEval.jsonl.gz,.device/prompts/sharegpt.jsonl}" \
   --tokens 0 --corpus "sharegpt:ShareGPT_V3_unfiltered_cleaned_split.json" --corpus-tokens 1 \
-  --max-len "${MAXLEN:-1024}" --steps 200000 --lr "${LR:-1e-3}" --warmup 200 --minutes "${MINUTES:-8}" --eval-every 1000000 --checkpoint-every 1000000 \
+  --max-len "${MAXLEN:-1024}" --steps 200000 --lr "${LR:-1e-3}" --warmup 200 --minutes "${MINUTES:-8}" --eval-every 1000000 --checkpoint-every "${CKPT:-1000000}" \
   $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") >> "$run/distill.log" 2>&1
 echo "$name distill rc=$? at ${SECONDS}s"
 python3 benchmarks/lossless_check.py --model "$model" --head "$run" --drafter-bits 16 --prompts code,math,chat --limit 8 \

@@ -305,6 +305,44 @@ def test_target_labels_equal_the_data_on_the_targets_own_greedy_output(tiny_dirs
     labelled = block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, ids, anchors, mx.array([n]), 0.8, preds)
     assert labelled[1].item() == pytest.approx(plain[1].item())
     assert labelled[0].item() == pytest.approx(plain[0].item(), rel=1e-5)
+    chained = block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, ids, anchors, mx.array([n]), 0.8, preds, True)
+    assert chained[1].item() == pytest.approx(plain[1].item())  # the target's own path: every slot counts
+
+
+def test_chained_slots_train_only_on_the_targets_own_path(tiny_dirs, trained):
+    """--chain-slots: on text the target only reads, block slot k counts where the tokens after
+    the anchor are the target's greedy predictions for slots 0..k-1 (the only case in which
+    inference verifies slot k); slot 0 always counts. The weight is checked against the rule
+    counted by hand on a sequence whose text leaves the target's path at two places."""
+    import mlx.core as mx
+
+    from dspark_lab.lab.distill import block_loss_terms
+
+    target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], trained, drafter_bits=16)
+    c, t = drafter.config, drafter.config.target_layer_ids
+    row = next(json.loads(line) for line in (trained / "data.jsonl").read_text().splitlines())
+    ids = list(row["ids"])
+    n, start = len(ids), row["prompt_len"]
+    for at in (start + 3, start + 9):  # the text departs from the target's greedy choice here
+        ids[at] = (ids[at] + 1) % target.vocab_size
+    x = mx.array([ids], dtype=mx.uint32)
+    taps, preds = target.taps_and_predictions(x, t)
+    cat = mx.concatenate([taps[k] for k in t], axis=-1)
+    anchor_list = list(range(start - 1, n - 2))
+    anchors = mx.array([anchor_list], dtype=mx.int32)
+    labels = preds[0].tolist()
+    decay = 0.8
+    expected = 0.0
+    for a in anchor_list:
+        for k in range(c.block_size):
+            if a + k < n and all(ids[a + j + 1] == labels[a + j] for j in range(k)):
+                expected += decay**k
+    chained = block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, x, anchors, mx.array([n]), decay, preds, True)
+    unchained = block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, x, anchors, mx.array([n]), decay, preds)
+    assert chained[1].item() == pytest.approx(expected)
+    assert chained[1].item() < unchained[1].item()  # the departures drop later slots
+    slot0 = sum(1 for a in anchor_list if a < n)
+    assert chained[1].item() >= slot0  # slot 0 of every anchor always counts
 
 
 def _sharegpt(path, n=12):

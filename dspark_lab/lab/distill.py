@@ -74,6 +74,7 @@ class DistillConfig:
     init: str = ""  # a head directory (a distill output) whose weights training starts from, with a fresh optimizer
     save_dtype: str = "bfloat16"  # dtype of the saved head (float32 doubles its size)
     slot_decay: float = 0.8  # weight of block slot k in the loss is slot_decay**k (early slots decide acceptance)
+    chain_slots: bool = True  # with --labels target: slot k trains only where the text after the anchor is the target's own greedy tokens up to it
     taps: list[int] | None = None
     mask_token_id: int | None = None
     seed: int = 0
@@ -275,7 +276,7 @@ def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, toke
 
 
 def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None,
-                     slot_decay: float = 1.0, labels=None) -> tuple[mx.array, mx.array]:
+                     slot_decay: float = 1.0, labels=None, chain: bool = False) -> tuple[mx.array, mx.array]:
     """(sum of weighted cross-entropies, sum of weights) of every block slot's prediction,
     slot k weighted by slot_decay**k: a draft is accepted only up to its first miss, so the
     early slots are worth more than the late ones.
@@ -286,6 +287,14 @@ def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat
     before it, if that was right) as inference feeds it the previous draft. On the target's own
     greedy output both are the same; on text the target only reads, labels are what makes the
     head predict the target rather than the text.
+
+    `chain` (with labels): slot k counts only where the stored tokens after the anchor are the
+    target's own predictions for slots 0..k-1. At inference slot k is verified only after those
+    slots were accepted, that is, after the target's greedy tokens; on text the target merely
+    reads, the token after the anchor is the target's greedy choice only about as often as the
+    target predicts the text, and where it is not, labels[anchor + k] answers a prefix
+    inference never meets (the head sees only masks there, so it cannot tell). Slot 0 always
+    counts; on the target's own greedy output every slot does.
 
     One sequence: taps_cat (L, T*H), tokens (L,), anchors (A,), length an int. A batch:
     taps_cat (B, L, T*H), tokens (B, L), anchors (B, A), length (B,). Tokens may be padded past
@@ -311,15 +320,18 @@ def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat
         prev = mx.concatenate([at(tokens, pos[..., :1]), at(labels, pos[..., :-1])], axis=-1)
     if c.markov_rank:
         logits = logits + head.markov_head.markov_w2(head.markov_head.markov_w1(prev))
+    if labels is not None and chain:
+        follows = mx.cumprod((at(tokens, pos + 1) == targets).astype(mx.float32), axis=-1)  # slots 0..k on the target's path
+        valid = valid * mx.concatenate([mx.ones_like(follows[..., :1]), follows[..., :-1]], axis=-1)
     ce = nn.losses.cross_entropy(logits, targets, reduction="none")
     weight = valid * (slot_decay ** mx.arange(bs, dtype=mx.float32))
     return (ce * weight).sum(), weight.sum()
 
 
 def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None, slot_decay: float = 1.0,
-               labels=None):
+               labels=None, chain: bool = False):
     """Weighted mean cross-entropy of the block predictions (see `block_loss_terms`)."""
-    total, weight = block_loss_terms(head, c, embed, lm_head, taps_cat, tokens, anchors, length, slot_decay, labels)
+    total, weight = block_loss_terms(head, c, embed, lm_head, taps_cat, tokens, anchors, length, slot_decay, labels, chain)
     return total / mx.maximum(weight, 1e-6)
 
 
@@ -472,7 +484,8 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         say(f"starting from the weights of {cfg.init} (fresh optimizer)")
     mx.eval(head.parameters())
     lm_head = dense_lm_head(target)
-    loss_and_grad = nn.value_and_grad(head, lambda h, t, x, a, n, y: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y))
+    loss_and_grad = nn.value_and_grad(
+        head, lambda h, t, x, a, n, y: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots))
     log = (out / "train_log.jsonl").open("a")
     cap = min(c.max_drafts, 7)
     rng = __import__("random").Random(cfg.seed + step)
