@@ -10,6 +10,7 @@ Arms, interleaved prompt by prompt after a warm-up pass (kernel builds, compile 
   dspark+lk@K     the same with n-gram lookup drafts (the default of speculative_generate)
   pipe@K          the pipelined loop (engine/pipeline.py): round r+1 built while r computes,
                   the verify forward compiled
+  pipe+lk@K       the same with n-gram lookup drafts matched on the device
 Prints median decode tok/s, the ratio to our greedy and to mlx_lm, the mean accept length and
 whether every prompt's tokens equal our greedy's (temperature 0: they must, up to numerical ties
 between different kernels; the pipelined arms must equal the plain dspark arm exactly).
@@ -81,6 +82,7 @@ def main(argv=None) -> dict:
         arms[f"dspark@{k}"] = ours(lambda ids, spec=spec: spec(ids, lookup_drafts=False))
         arms[f"dspark+lk@{k}"] = ours(lambda ids, spec=spec: spec(ids, lookup_drafts=True))
         arms[f"pipe@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True))
+        arms[f"pipe+lk@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True))
 
     rates = {a: [] for a in arms}
     accepts = {a: [] for a in arms}

@@ -66,7 +66,7 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
-    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; head drafts only, plain-KV models); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
+    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head directory or repo id.")] = None,
     draft_model: DraftModelOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
@@ -75,7 +75,7 @@ def generate(
     drafter_bits: Annotated[int, typer.Option(help="Quantize the drafter's weights at load: 4, 8, or 16 (float).")] = 4,
     drafter_window: Annotated[int, typer.Option(help="Context positions the drafter attends to.")] = 4096,
     confidence_threshold: Annotated[float, typer.Option(help="Cut a DSpark draft where the head's confidence falls below this (0 = off).")] = 0.0,
-    lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on; dspark-pipe cannot).")] = None,
+    lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on). In dspark-pipe mode the match runs on the device and its tokens replace the head's slot by slot (default: off, not yet measured on a GPU).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy; > 0 samples (speculative paths stay exact samples of the model).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1]; 1 disables.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens; 0 disables.")] = 0,

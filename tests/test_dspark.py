@@ -82,7 +82,7 @@ def test_drafter_bits(qwen3, heads, greedy_refs, bits):
     assert speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=3).token_ids == greedy_refs[p]
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
+@pytest.mark.parametrize("pipeline", [False, True, "pipeline+lookup"])
 def test_speculative_sampling_is_exact(qwen3, heads, pipeline):
     """Tokens 2-4 sampled through DSpark drafts (with the drafter's own distribution), by the
     plain or the pipelined loop, follow the same distribution as plain sampling from the target
@@ -92,8 +92,9 @@ def test_speculative_sampling_is_exact(qwen3, heads, pipeline):
     prompt, n = REPETITIVE[1], 300
     params = dict(max_new_tokens=4, temperature=1.0, top_k=3, apply_chat_template=False)
     plain = [greedy_generate(target, tok, prompt, seed=s, **params).token_ids for s in range(n)]
-    runs = [speculative_generate(target, tok, drafter, prompt, seed=5000 + s, max_draft_tokens=3, lookup_drafts=False if not pipeline else None,
-                                 pipeline=pipeline, **params) for s in range(n)]
+    lookup = pipeline == "pipeline+lookup"  # device-side lookup drafts: one-hot proposals over the head's
+    runs = [speculative_generate(target, tok, drafter, prompt, seed=5000 + s, max_draft_tokens=3, lookup_drafts=lookup,
+                                 pipeline=bool(pipeline), **params) for s in range(n)]
     assert sum(sum(a - 1 for a in r.accept_lengths) for r in runs) > n // 2  # drafts were accepted
     spec = [r.token_ids for r in runs]
     assert_same_token_distribution(plain, spec, (1, 2, 3))

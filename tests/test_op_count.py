@@ -40,3 +40,19 @@ def test_launch_overlap_benchmark_runs_and_outputs_match(tiny_dirs, tmp_path):
     ratios = {row["arm"]: row for row in r["rows"] if row["kind"] == "ratio"}
     assert set(ratios) == {"speedup@0", "speedup@1"}
     assert all(row["spec_over_greedy"] > 0 and row["mean_accept_len"] >= 1 for row in ratios.values())
+
+
+def test_pipeline_speed_benchmark_runs_every_arm(tiny_dirs, tmp_path):
+    """benchmarks/pipeline_speed.py: every arm runs (none is dropped for failing), and on the CPU
+    in float32 every arm's tokens are our greedy tokens; the pipelined arm equals the plain loop."""
+    script = SCRIPT.parent / "pipeline_speed.py"
+    spec = importlib.util.spec_from_file_location("pipeline_speed", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
+    r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
+                  "--max-new-tokens", "8", "--repeats", "1", "--no-compile"])
+    rows = {row["arm"]: row for row in r["rows"]}
+    assert set(rows) == {"mlx_lm", "greedy", "dspark@3", "dspark+lk@3", "pipe@3", "pipe+lk@3"}
+    assert all(row["identical_to_greedy"] == "1/1" and row["tok_s"] > 0 for name, row in rows.items() if name != "mlx_lm")
+    assert rows["pipe@3"]["identical_to_plain_loop"] == "1/1"

@@ -18,10 +18,12 @@ The head's context length always equals the target's cache length when a block i
 (both hold every position except the newest pending token), so one offset serves both.
 
 Output is the same as the plain loop's: the same draft, verify and acceptance rule run on the
-same rows. What is left out: n-gram lookup drafts (their proposals are made on the host from
-the committed tokens) and confidence truncation (it changes the verify width after reading
-the head); targets with recurrent or sliding-window caches (their state cannot be rewound by
-moving an offset).
+same rows. With `lookup_n`, n-gram lookup drafts run on the device too (DeviceLookup): the
+committed tokens stay in a device array, and where the newest n of them occurred before, the
+tokens that followed then replace the head's drafts slot by slot (the width stays the cap, so
+the shapes stay fixed). What is left out: confidence truncation (it changes the verify width
+after reading the head); targets with recurrent or sliding-window caches (their state cannot be
+rewound by moving an offset).
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ def pipelined_loop(
     stream: TextStream,
     mode: str,
     on_round: Callable[[int, int, float], None] | None = None,
+    lookup_n: tuple[int, ...] = (),
 ) -> GenResult:
-    """Speculative decoding with a head drafter, one round always in flight (see module doc)."""
+    """Speculative decoding with a head drafter, one round always in flight (see module doc).
+    `lookup_n`: n-gram lengths for device-side lookup drafts, longest first (none: head alone)."""
     clock = _Clock()
     cache = target.make_cache()
     taps = drafter.target_layer_ids
@@ -69,6 +73,7 @@ def pipelined_loop(
     rows, rows_at = None, None  # the previous round's tapped rows, and where they go in the head's context
     known_len = len(prompt_ids)  # the cache length after the last round read on the host
     in_flight: deque = deque()  # (payload, drafted, built)
+    lookup = DeviceLookup(prompt_ids, lookup_n) if lookup_n else None
     last_read = time.perf_counter()
 
     def build() -> None:
@@ -84,6 +89,8 @@ def pipelined_loop(
             drafts, probs = draft.tokens.astype(mx.uint32), draft.probs
         else:
             drafts, probs = mx.zeros((0,), dtype=mx.uint32), None
+        if lookup is not None:
+            drafts, probs = lookup.overlay(pending, offset, drafts, probs, bound)
         out = target.forward_at(mx.concatenate([pending, drafts]), cache, offset, capacity=bound, taps=taps)
         verdict = verify(out.logits, drafts, params, probs)  # [n accepted, next token]
         rows, rows_at = out.taps, offset
@@ -124,3 +131,61 @@ def pipelined_loop(
                           accepts=accepts, drafts=drafted, mode=mode)
     result.host_reads = reads
     return result
+
+
+class DeviceLookup:
+    """N-gram lookup drafts without a host read: the committed tokens in a device array.
+
+    Position `at` holds the pending token; every position before it is committed. Where the
+    newest n tokens (ending at `at`) also end an earlier window, the latest such window's
+    continuation is proposed for the next slots, each slot only where that continuation lies at
+    or before `at` (known tokens), like the host's NgramIndex, which proposes the longest n that
+    matches. Rows past `at` hold a rejected round's drafts; nothing reads them."""
+
+    CHUNK = 256  # the buffer grows by this many positions (few shapes to build kernels for)
+
+    def __init__(self, prompt_ids: list[int], ns: tuple[int, ...]):
+        self.ns = tuple(sorted(ns, reverse=True))
+        self.tokens = mx.array(prompt_ids, dtype=mx.uint32)
+
+    def _ensure(self, size: int) -> None:
+        have = self.tokens.shape[0]
+        if have < size:
+            grow = size - have + (-(size - have)) % self.CHUNK
+            self.tokens = mx.concatenate([self.tokens, mx.zeros((grow,), dtype=mx.uint32)])
+
+    def _write(self, ids: mx.array, at: mx.array) -> None:
+        self.tokens = mx.slice_update(self.tokens, ids, at.reshape(1), axes=(0,))
+
+    def propose(self, at: mx.array, k: int) -> tuple[mx.array, mx.array]:
+        """(tokens (k,), usable (k,) bool): the continuation of the longest n-gram match."""
+        size = self.tokens.shape[0]
+        best = mx.array(-1, dtype=mx.int32)  # where the chosen continuation starts
+        for n in self.ns:
+            starts = mx.arange(size - n + 1, dtype=mx.int32)  # window i covers positions i .. i+n-1
+            hit = starts + n <= at  # an earlier window: it ends before the pending token
+            for j in range(n):
+                newest = self.tokens[mx.maximum(at - (n - 1) + j, 0)]
+                hit = hit & (self.tokens[j : size - n + 1 + j] == newest)
+            hit = hit & (at >= n - 1)
+            latest = mx.max(mx.where(hit, starts + n, -1))
+            best = mx.where(best >= 0, best, latest)
+        pos = best + mx.arange(k, dtype=mx.int32)
+        return self.tokens[mx.clip(pos, 0, size - 1)], (best >= 0) & (pos <= at)
+
+    def overlay(self, pending: mx.array, at: mx.array, drafts: mx.array, probs: mx.array | None, bound: int):
+        """Record the pending token at `at`, put the lookup's tokens over the head's drafts where
+        it has some (a one-hot drafter distribution there, for speculative sampling), and record
+        the drafts after it (the accepted ones become committed; the next pending overwrites the
+        first rejected one)."""
+        self._ensure(bound + 1)
+        self._write(pending.astype(mx.uint32), at)
+        k = drafts.shape[0]
+        if k:
+            tokens, usable = self.propose(at, k)
+            drafts = mx.where(usable, tokens, drafts)
+            if probs is not None:
+                one_hot = (mx.arange(probs.shape[-1])[None] == drafts[:, None]).astype(probs.dtype)
+                probs = mx.where(usable[:, None], one_hot, probs)
+            self._write(drafts, at + 1)
+        return drafts, probs

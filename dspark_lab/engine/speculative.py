@@ -18,8 +18,10 @@ from .loading import load_target
 from .target import Target
 from .text import TextStream
 
-# A lookup match this long (prompt/output n-gram) is trusted over the drafter for the round.
+# A lookup match this long (prompt/output n-gram) is trusted over the drafter for the round;
+# the index looks up suffixes up to LOOKUP_MAX_MATCH long, the longest first.
 LOOKUP_MIN_MATCH = 3
+LOOKUP_MAX_MATCH = 4
 
 
 class HeadSource(DraftSource):
@@ -39,7 +41,7 @@ class HeadSource(DraftSource):
         self.drafter.reset()
         self.drafter.append_context(prompt_taps)
         if self.lookup:
-            self.index = NgramIndex(prompt_ids, LookupConfig(min_n=LOOKUP_MIN_MATCH, max_n=max(LOOKUP_MIN_MATCH, 4), max_draft=self.drafter.config.max_drafts))
+            self.index = NgramIndex(prompt_ids, LookupConfig(min_n=LOOKUP_MIN_MATCH, max_n=LOOKUP_MAX_MATCH, max_draft=self.drafter.config.max_drafts))
 
     def propose(self, pending, cap, params):
         if cap <= 0:
@@ -89,7 +91,8 @@ def speculative_generate(
 
     `lookup_drafts` (default on, off when pipelined): a long n-gram match in prompt and output
     is verified instead of the head's draft. `pipeline`: build each round while the previous
-    one computes (engine/pipeline.py); the head drafts alone, on targets with plain KV caches."""
+    one computes (engine/pipeline.py), on targets with plain KV caches; with `lookup_drafts=True`
+    the n-gram match runs on the device and its tokens replace the head's slot by slot."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     limit = drafter.config.max_drafts
     if cap_controller is None and not 1 <= max_draft_tokens <= limit:
@@ -100,11 +103,14 @@ def speculative_generate(
         raise InputError("confidence_threshold needs a head with a confidence head; this one has none. Leave it at 0.")
     cap, on_round = cap_schedule(cap_controller, max_draft_tokens, limit)
     if pipeline:
-        check_pipeline(target, drafter, lookup_drafts=bool(lookup_drafts), confidence_threshold=confidence_threshold)
+        check_pipeline(target, drafter, confidence_threshold=confidence_threshold)
         from .pipeline import pipelined_loop
 
+        # Off unless asked: the device-side lookup is not yet measured on a GPU.
+        lookup_n = tuple(range(LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH - 1, -1)) if lookup_drafts else ()
         return pipelined_loop(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, cap=cap,
-                              stream=TextStream(tokenizer, stop, on_text), mode="dspark-pipe", on_round=on_round)
+                              stream=TextStream(tokenizer, stop, on_text), mode="dspark-pipe", on_round=on_round,
+                              lookup_n=lookup_n)
     source = HeadSource(drafter, lookup=lookup_drafts is not False, confidence_threshold=confidence_threshold)
     result = speculative_loop(target, prompt_ids, params, source, max_new_tokens=max_new_tokens, cap=cap,
                               stream=TextStream(tokenizer, stop, on_text), mode=drafter.kind, on_round=on_round)
@@ -112,13 +118,10 @@ def speculative_generate(
     return result
 
 
-def check_pipeline(target: Target, drafter, *, lookup_drafts: bool = False, confidence_threshold: float = 0.0) -> None:
+def check_pipeline(target: Target, drafter, *, confidence_threshold: float = 0.0) -> None:
     """Refuse a pipelined run it cannot do exactly, saying what to change."""
     if drafter.kind != "dspark":
         raise InputError(f"pipeline works with DSpark heads; this is a {drafter.kind} head. Run it without pipeline.")
-    if lookup_drafts:
-        raise InputError("pipeline drafts with the head alone (lookup proposals are made on the host from read tokens): "
-                         "leave lookup_drafts unset or False, or run without pipeline.")
     if confidence_threshold > 0:
         raise InputError("pipeline cannot truncate drafts by confidence (that needs a host read inside the round): "
                          "set confidence_threshold to 0, or run without pipeline.")
