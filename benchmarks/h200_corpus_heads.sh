@@ -15,6 +15,11 @@
 # Results land in /tmp/NAME/ (head, logs, eval JSON); the caller collects them. Start it with
 # `setsid nohup ... &` and it outlives the device call (while the machine stays warm), so a
 # 30-minute session can train with MINUTES=20 in one run.
+# Settings (environment): MINUTES, LR, ARCH (the distill architecture and batch options),
+# INIT=DIR or RESUME=1, CKPT (checkpoint every N steps: a crash keeps the last one), CACHE_GB
+# (cap MLX's buffer cache: needed when two runs share one GPU; two uncapped runs ran an H200 out
+# of memory), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
+# nothing), TIMING (below).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 name=$1
@@ -33,10 +38,10 @@ mkdir -p "$run"
 # --tokens 0 and --corpus-tokens 1: the data file already holds its rows, so nothing is generated or read
 # (a positive --tokens would continue PROMPTS for a data file without generated rows).
 timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" --out "$run" $arch \
-  --prompts "${PROMPTS:-humaneval:.device/prompts/HumanEval.jsonl.gz,.device/prompts/sharegpt.jsonl}" \
+  --prompts "${PROMPTS:-code,math,chat}" \
   --tokens 0 --corpus "sharegpt:ShareGPT_V3_unfiltered_cleaned_split.json" --corpus-tokens 1 \
   --max-len "${MAXLEN:-1024}" --steps 200000 --lr "${LR:-1e-3}" --warmup 200 --minutes "${MINUTES:-8}" --eval-every 1000000 --checkpoint-every "${CKPT:-1000000}" \
-  $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") >> "$run/distill.log" 2>&1
+  --cache-gb "${CACHE_GB:-0}" $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") >> "$run/distill.log" 2>&1
 echo "$name distill rc=$? at ${SECONDS}s"
 python3 benchmarks/lossless_check.py --model "$model" --head "$run" --drafter-bits 16 --prompts code,math,chat --limit 8 \
   --max-new-tokens 128 --cap "$cap" --no-lookup-arm --out "$run/eval.json" > "$run/eval.log" 2>&1

@@ -238,6 +238,8 @@ def test_several_sequences_per_step_train(tiny_dirs, tmp_path):
     assert sum(e["loss"] for e in log[-5:]) < 0.7 * sum(e["loss"] for e in log[:5])
     with pytest.raises(InputError, match="at least --seqs"):
         config(tiny_dirs["qwen3"], out, seqs=4, anchors=2)
+    with pytest.raises(InputError, match="--cache-gb >= 0"):
+        config(tiny_dirs["qwen3"], out, cache_gb=-1)
 
 
 def test_the_dense_training_head_gives_the_targets_logits(tiny_dirs):

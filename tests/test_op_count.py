@@ -7,13 +7,19 @@ from pathlib import Path
 
 from dspark_lab.tiny import build_tiny_dspark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "op_count.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _benchmark(name: str):
+    """A benchmarks/ script imported as a module (they are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_counts_and_build_times_of_a_round(tiny_dirs, tmp_path):
-    spec = importlib.util.spec_from_file_location("op_count", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark("op_count")
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "1,3", "--repeats", "2",
                   "--context", "16", "--json", str(tmp_path / "r.json")])
@@ -27,10 +33,7 @@ def test_counts_and_build_times_of_a_round(tiny_dirs, tmp_path):
 
 
 def test_launch_overlap_benchmark_runs_and_outputs_match(tiny_dirs, tmp_path):
-    script = SCRIPT.parent / "launch_overlap.py"
-    spec = importlib.util.spec_from_file_location("launch_overlap", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark("launch_overlap")
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--every", "0,1", "--cap", "3", "--prompts", "code",
                   "--limit", "1", "--max-new-tokens", "8", "--repeats", "1"])
@@ -45,10 +48,7 @@ def test_launch_overlap_benchmark_runs_and_outputs_match(tiny_dirs, tmp_path):
 def test_pipeline_speed_benchmark_runs_every_arm(tiny_dirs, tmp_path):
     """benchmarks/pipeline_speed.py: every arm runs (none is dropped for failing), and on the CPU
     in float32 every arm's tokens are our greedy tokens; the pipelined arm equals the plain loop."""
-    script = SCRIPT.parent / "pipeline_speed.py"
-    spec = importlib.util.spec_from_file_location("pipeline_speed", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark("pipeline_speed")
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
                   "--max-new-tokens", "8", "--repeats", "1", "--no-compile"])

@@ -74,6 +74,7 @@ class DistillConfig:
     init: str = ""  # a head directory (a distill output) whose weights training starts from, with a fresh optimizer
     save_dtype: str = "bfloat16"  # dtype of the saved head (float32 doubles its size)
     slot_decay: float = 0.8  # weight of block slot k in the loss is slot_decay**k (early slots decide acceptance)
+    cache_gb: float = 0.0  # > 0: cap MLX's cache of freed buffers (GB), so runs sharing one GPU do not run it out of memory
     chain_slots: bool = True  # with --labels target: slot k trains only where the text after the anchor is the target's own greedy tokens up to it
     taps: list[int] | None = None
     mask_token_id: int | None = None
@@ -94,8 +95,8 @@ class DistillConfig:
             raise InputError("--block must be >= 2 (an anchor and at least one mask slot).")
         if self.anchors < self.seqs:
             raise InputError(f"--anchors ({self.anchors}) must be at least --seqs ({self.seqs}): every sequence needs an anchor.")
-        if self.batch < 1 or self.max_len < 2 * PAD_TO or self.minutes < 0 or self.data_minutes < 0 or self.warmup < 0:
-            raise InputError(f"--batch must be >= 1, --max-len >= {2 * PAD_TO}, and --minutes, --data-minutes, --warmup >= 0.")
+        if self.batch < 1 or self.max_len < 2 * PAD_TO or min(self.minutes, self.data_minutes, self.warmup, self.cache_gb) < 0:
+            raise InputError(f"--batch must be >= 1, --max-len >= {2 * PAD_TO}, and --minutes, --data-minutes, --warmup, --cache-gb >= 0.")
         if not 0 < self.slot_decay <= 1:
             raise InputError(f"--slot-decay must be in (0, 1], got {self.slot_decay}.")
         if self.save_dtype not in ("bfloat16", "float16", "float32"):
@@ -455,6 +456,11 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     out.mkdir(parents=True, exist_ok=True)
     ckpt.mkdir(exist_ok=True)
     mx.random.seed(cfg.seed)
+    if cfg.cache_gb:
+        # Batches come in several padded shapes, and MLX keeps every freed buffer for reuse up to
+        # its memory limit: on the H200 one run's cache grew past 50 GB, and two runs on one GPU
+        # ran it out of memory.
+        mx.set_cache_limit(int(cfg.cache_gb * 2**30))
     target, tokenizer = load_target(cfg.model)
     c = head_config(target, cfg)
     target.check_taps(c.target_layer_ids)
