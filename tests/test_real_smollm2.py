@@ -58,11 +58,12 @@ def test_greedy_is_coherent(smollm2):
 
 def test_fixture_head_drafts_real_tokens_losslessly(smollm2):
     """The committed DSpark head (fixtures/smollm2-135m-dspark, distilled on the H200 against this
-    model's own predictions) on built-in code prompts it never saw, at cap 4, drafting on its own
-    (no lookup), loaded at 4 bits: the output is the greedy output, and its drafts are accepted:
-    mean accept length above 1.4 (1.53 measured here over these two 40-token answers, 1.76 over
-    128 tokens; an untrained head gives 1.0). Issue #9 asks for 1.8 on the code set: the model
-    card says what this head reaches (1.78 on the H200 over 8 code prompts)."""
+    model's own predictions) measured as issue #9 asks and as the H200 evaluation ran it: the first
+    8 prompts of the built-in code set (never trained on), 128 new tokens each, cap 4, the head
+    drafting alone (no lookup), unquantized. Every output is the greedy output, and the mean accept
+    length (per-prompt mean) is above 1.75: 1.78 measured here in float32, as on the H200 in
+    float16, where an untrained head gives 1.0. Issue #9's goal is above 1.8: not reached yet
+    (docs/performance.md says what was tried)."""
     from pathlib import Path
 
     from dspark_lab.engine.drafters.load import load_dspark
@@ -70,13 +71,14 @@ def test_fixture_head_drafts_real_tokens_losslessly(smollm2):
     from dspark_lab.lab.prompts import load_prompt_set
 
     target, tok = smollm2
-    drafter = load_dspark(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-135m-dspark", target)
-    accepts = []
-    for p in load_prompt_set("code", limit=2).prompts:  # two prompts: the CPU backend is slow
+    drafter = load_dspark(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-135m-dspark", target, bits=16)
+    means = []
+    for p in load_prompt_set("code", limit=8).prompts:
         ids = encode_prompt(tok, p.as_input())
-        base = greedy_generate(target, tok, ids, max_new_tokens=40)
-        r = speculative_generate(target, tok, drafter, ids, max_new_tokens=40, max_draft_tokens=4, lookup_drafts=False)
+        base = greedy_generate(target, tok, ids, max_new_tokens=128)
+        r = speculative_generate(target, tok, drafter, ids, max_new_tokens=128, max_draft_tokens=4, lookup_drafts=False)
         assert r.token_ids == base.token_ids, p.id
-        accepts += r.accept_lengths
-    print(f"fixture head: mean accept length {sum(accepts) / len(accepts):.3f} over {len(accepts)} rounds")
-    assert sum(accepts) / len(accepts) > 1.4
+        means.append(r.mean_accept_len)
+    mean = sum(means) / len(means)
+    print(f"fixture head: mean accept length {mean:.3f} over {len(means)} code prompts ({[round(m, 3) for m in means]})")
+    assert mean > 1.75

@@ -11,9 +11,10 @@ exactly the token greedy decoding would emit there.
                     a truncated file ends the corpus cleanly
     code:DIR        the Python source files under DIR (a Python installation's standard library
                     is one every machine has), each cut into parts at blank lines, each part the
-                    answer to a request for that file's code. Chat corpora hold little code, and
-                    a head learns to draft code only from code: the Qwen coder's heads accepted
-                    far more on chat than on code prompts after ShareGPT alone.
+                    answer to a request for that file's code. Chat corpora hold little code (the
+                    Qwen coder's heads accepted far more on chat than on code prompts after
+                    ShareGPT alone; for SmolLM2, 2.9 M tokens of these did not raise acceptance on
+                    the built-in code set: docs/performance.md, sixth round).
 
 Several corpora, comma-separated (`sharegpt:A.json,code:/usr/lib/python3.12`), each give
 --corpus-tokens answer tokens.
