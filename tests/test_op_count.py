@@ -56,3 +56,30 @@ def test_pipeline_speed_benchmark_runs_every_arm(tiny_dirs, tmp_path):
     assert set(rows) == {"mlx_lm", "greedy", "dspark@3", "dspark+lk@3", "pipe@3", "pipe+lk@3"}
     assert all(row["identical_to_greedy"] == "1/1" and row["tok_s"] > 0 for name, row in rows.items() if name != "mlx_lm")
     assert rows["pipe@3"]["identical_to_plain_loop"] == "1/1"
+
+
+def test_chain_agreement_counts_where_text_leaves_the_targets_path(tiny_dirs, tmp_path):
+    """benchmarks/chain_agreement.py: on the target's own greedy output every position follows it
+    and every slot is kept; on a copy whose text departs, the shares fall."""
+    import json
+
+    from conftest import PROMPTS
+    from dspark_lab import greedy_generate, load_target
+    from dspark_lab.engine.text import encode_prompt
+
+    target, tok = load_target(tiny_dirs["qwen3"])
+    rows = []
+    for i, p in enumerate(PROMPTS[:2]):
+        ids = encode_prompt(tok, p)
+        out = greedy_generate(target, tok, ids, max_new_tokens=24).token_ids
+        rows.append({"ids": ids + out, "prompt_len": len(ids), "set": "code", "prompt_id": str(i), "generation": "greedy"})
+        bent = list(out)
+        bent[5::6] = [(t + 1) % target.vocab_size for t in bent[5::6]]  # the text leaves the target's path
+        rows.append({"ids": ids + bent, "prompt_len": len(ids), "set": "corpus:sharegpt", "prompt_id": str(i), "generation": "corpus"})
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = _benchmark("chain_agreement").main(["--model", str(tiny_dirs["qwen3"]), "--data", str(data), "--block", "4"])
+    assert r["generated"]["text_follows_target"] == 1.0 and r["generated"]["slots_kept"] == [1.0] * 4
+    bent = r["corpus:sharegpt"]
+    assert bent["text_follows_target"] < 1.0 and bent["slots_kept"][0] == 1.0
+    assert bent["slots_kept"] == sorted(bent["slots_kept"], reverse=True) and bent["slots_kept"][3] < 1.0
