@@ -15,7 +15,7 @@ prompts=humaneval:/root/prompts/HumanEval.jsonl.gz,/root/prompts/sharegpt.jsonl
 case ${1:-} in
   gpu0)
     # The committed fixture head, trained on from its weights (same data), then measured.
-    GPU=0 DATA=/root/prev/smol.jsonl.gz MINUTES=${MINUTES:-14} LR=${LR:-5e-4} OVERLAP=0 INIT=/root/fixhead PROMPTS=$prompts \
+    GPU=0 DATA=/root/prev/smol.jsonl.gz MINUTES=${MINUTES:-14} LR=${LR:-5e-4} TIMING=none INIT=/root/fixhead PROMPTS=$prompts \
       bash benchmarks/h200_corpus_heads.sh smol
     CUDA_VISIBLE_DEVICES=0 python3 benchmarks/pipeline_speed.py --model $smol --head /tmp/smol --caps 4 \
       --limit 2 --max-new-tokens 128 --repeats 2 --json /tmp/pipe_smol_new.json
@@ -25,7 +25,7 @@ case ${1:-} in
     CUDA_VISIBLE_DEVICES=1 python3 benchmarks/pipeline_speed.py --model $smol --head /root/fixhead --caps 2,4 \
       --limit 2 --max-new-tokens 128 --repeats 2 --json /tmp/pipe_smol.json
     while [ ! -f /root/ship/qwen05/.complete ]; do sleep 5; done
-    GPU=1 DATA=/root/prev/qwen05.jsonl.gz MINUTES=${QWEN_MINUTES:-9} OVERLAP=0 PROMPTS=$prompts \
+    GPU=1 DATA=/root/prev/qwen05.jsonl.gz MINUTES=${QWEN_MINUTES:-9} TIMING=none PROMPTS=$prompts \
       bash benchmarks/h200_corpus_heads.sh qwen05
     CUDA_VISIBLE_DEVICES=1 python3 benchmarks/pipeline_speed.py --model $qwen --head /tmp/qwen05 --caps 4,7 \
       --limit 2 --max-new-tokens 128 --repeats 2 --json /tmp/pipe_qwen05.json

@@ -54,7 +54,7 @@ def pipelined_loop(
     lookup_n: tuple[int, ...] = (),
 ) -> GenResult:
     """Speculative decoding with a head drafter, one round always in flight (see module doc).
-    `lookup_n`: n-gram lengths for device-side lookup drafts, longest first (none: head alone)."""
+    `lookup_n`: n-gram lengths for device-side lookup drafts, the longest matching one used (none: head alone)."""
     clock = _Clock()
     cache = target.make_cache()
     taps = drafter.target_layer_ids
@@ -167,7 +167,6 @@ class DeviceLookup:
             for j in range(n):
                 newest = self.tokens[mx.maximum(at - (n - 1) + j, 0)]
                 hit = hit & (self.tokens[j : size - n + 1 + j] == newest)
-            hit = hit & (at >= n - 1)
             latest = mx.max(mx.where(hit, starts + n, -1))
             best = mx.where(best >= 0, best, latest)
         pos = best + mx.arange(k, dtype=mx.int32)
