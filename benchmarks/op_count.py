@@ -10,7 +10,8 @@ primitives in the lazy graph of each part, before evaluation: the same numbers o
 attention are built from plain operations, so counts there are higher). Parts: a plain greedy
 step (width-1 forward and argmax), and for a DSpark round at each cap: the head's draft, the
 verify forward at width cap+1 with the accept rule, and the accept bookkeeping (target cache
-trim, the head's context append).
+trim, the head's context append), and apart from the round, the device-side n-gram lookup the
+pipelined loop adds with --lookup-drafts.
 
 Build time: the host's time to construct each part's graph, without evaluating it (median of
 --repeats). Plain decoding builds step t+1 while the device runs step t, so its build time hides
@@ -56,7 +57,11 @@ def _timed(fn):
 
 
 def measure(target, drafter, prompt: list[int], caps: list[int], repeats: int = 20) -> dict:
+    from dspark_lab.engine.pipeline import DeviceLookup
     from dspark_lab.engine.sampling import SamplingParams, verify
+    from dspark_lab.engine.speculative import LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH
+
+    LOOKUP_NS = tuple(range(LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH - 1, -1))
 
     params = SamplingParams()
     taps = drafter.target_layer_ids if drafter is not None else ()
@@ -112,13 +117,20 @@ def measure(target, drafter, prompt: list[int], caps: list[int], repeats: int = 
             times["accept_trim_append"].append(dt)
             parts.setdefault("accept_trim_append", count_ops(*state))
             mx.eval(*state)
+        # The pipelined loop's device-side lookup (dspark-pipe --lookup-drafts), counted apart: the
+        # plain loop's lookup runs on the host and adds no kernels.
+        lookup = DeviceLookup(prompt, LOOKUP_NS)
+        drafts = mx.array([(3 * i + 1) % (target.vocab_size - 2) for i in range(cap)], dtype=mx.uint32)
+        lk_ops = count_ops(*lookup.overlay(mx.array([pending], dtype=mx.uint32), mx.array(len(prompt), dtype=mx.int32), drafts, None,
+                                           len(prompt) + cap + 1)[:1], lookup.tokens)
         totals = {k: sum(v.values()) for k, v in parts.items()}
         builds = {k: med(v[1:]) for k, v in times.items()}
         result["rounds"].append({"cap": cap, **{k + "_total": v for k, v in totals.items()}, "round_total": sum(totals.values()),
                                  "round_over_greedy": round(sum(totals.values()) / result["greedy_step_total"], 2),
                                  **{k + "_build_ms": v for k, v in builds.items()},
                                  "round_build_ms": round(sum(builds.values()), 3),
-                                 **{k: dict(v) for k, v in parts.items()}})
+                                 **{k: dict(v) for k, v in parts.items()},
+                                 "device_lookup_total": sum(lk_ops.values()), "device_lookup": dict(lk_ops)})
     return result
 
 
@@ -144,7 +156,7 @@ def main(argv=None) -> dict:
     print(f"greedy step: {r['greedy_step_total']} ops, built in {r['greedy_build_ms']} ms")
     for row in r["rounds"]:
         print(f"cap {row['cap']}: ops draft {row['draft_total']}, verify {row['verify_total']}, accept/trim/append "
-              f"{row['accept_trim_append_total']}; round {row['round_total']} = {row['round_over_greedy']}x a greedy step; "
+              f"{row['accept_trim_append_total']} (device lookup {row['device_lookup_total']} more); round {row['round_total']} = {row['round_over_greedy']}x a greedy step; "
               f"built in {row['draft_build_ms']} + {row['verify_build_ms']} + {row['accept_trim_append_build_ms']} = {row['round_build_ms']} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))

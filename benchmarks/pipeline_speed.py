@@ -103,10 +103,10 @@ def main(argv=None) -> dict:
                     accepts[name] += acc or []
     med = {a: statistics.median(rates[a]) for a in arms}
     rows = []
-    print(f"{'arm':12} {'tok/s':>8} {'/greedy':>8} {'/mlx_lm':>8} {'accept':>7}  identical to greedy (and to dspark@K)")
+    print(f"{'arm':12} {'tok/s':>8} {'/greedy':>8} {'/mlx_lm':>8} {'accept':>7}  identical to greedy (and to the plain loop)")
     for name in arms:
         same = sum(tokens[(name, i)] == tokens[("greedy", i)] for i in range(len(prompts)))
-        plain = name.replace("pipe@", "dspark@")
+        plain = name.replace("pipe@", "dspark@").replace("pipe+lk@", "dspark+lk@")  # the plain loop with the same drafts
         same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name else None
         acc = accepts[name]
         row = {"arm": name, "tok_s": round(med[name], 1), "vs_greedy": round(med[name] / med["greedy"], 3),

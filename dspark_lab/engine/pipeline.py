@@ -147,6 +147,8 @@ class DeviceLookup:
     def __init__(self, prompt_ids: list[int], ns: tuple[int, ...]):
         self.ns = tuple(sorted(ns, reverse=True))
         self.tokens = mx.array(prompt_ids, dtype=mx.uint32)
+        self._back = mx.arange(1 - self.ns[0], 1, dtype=mx.int32)  # the n_max newest positions, relative to the pending one
+        self._layout: tuple[mx.array, mx.array, mx.array] | None = None
 
     def _ensure(self, size: int) -> None:
         have = self.tokens.shape[0]
@@ -157,17 +159,31 @@ class DeviceLookup:
     def _write(self, ids: mx.array, at: mx.array) -> None:
         self.tokens = mx.slice_update(self.tokens, ids, at.reshape(1), axes=(0,))
 
+    def _windows(self, size: int) -> tuple[mx.array, mx.array, mx.array]:
+        """(positions (size, n_max), real (size, n_max), follows (size,)): row e lists the n_max
+        positions ending at e, clipped at 0 (real: not clipped), and follows[e] = e + 1, where the
+        tokens after that window start. Built once per buffer size: constants of the graph."""
+        if self._layout is None or self._layout[2].shape[0] != size:
+            raw = mx.arange(size, dtype=mx.int32)[:, None] + self._back
+            self._layout = (mx.maximum(raw, 0), raw >= 0, mx.arange(1, size + 1, dtype=mx.int32))
+            mx.eval(self._layout)
+        return self._layout
+
     def propose(self, at: mx.array, k: int) -> tuple[mx.array, mx.array]:
-        """(tokens (k,), usable (k,) bool): the continuation of the longest n-gram match."""
-        size = self.tokens.shape[0]
-        best = mx.array(-1, dtype=mx.int32)  # where the chosen continuation starts
+        """(tokens (k,), usable (k,) bool): the continuation of the longest n-gram match.
+
+        Every n is read off one comparison: row e of `same` says which of the n_max tokens ending
+        at e equal the n_max newest ones, and an n-gram ending at e matches where its last n
+        columns all do. A few kernels per round, whatever the n-gram lengths (a round is
+        launch-bound on a GPU: each kernel costs about as much as the work in it)."""
+        size, n_max = self.tokens.shape[0], self.ns[0]
+        positions, real, follows = self._windows(size)
+        newest = self.tokens[mx.maximum(at + self._back, 0)]
+        same = (self.tokens[positions] == newest) & real
+        earlier = mx.where(follows <= at, follows, -1)  # windows that end before the pending token
+        best = mx.array(-1, dtype=mx.int32)
         for n in self.ns:
-            starts = mx.arange(size - n + 1, dtype=mx.int32)  # window i covers positions i .. i+n-1
-            hit = starts + n <= at  # an earlier window: it ends before the pending token
-            for j in range(n):
-                newest = self.tokens[mx.maximum(at - (n - 1) + j, 0)]
-                hit = hit & (self.tokens[j : size - n + 1 + j] == newest)
-            latest = mx.max(mx.where(hit, starts + n, -1))
+            latest = mx.max(mx.where(mx.all(same[:, n_max - n :], axis=1), earlier, -1))
             best = mx.where(best >= 0, best, latest)
         pos = best + mx.arange(k, dtype=mx.int32)
         return self.tokens[mx.clip(pos, 0, size - 1)], (best >= 0) & (pos <= at)
