@@ -12,7 +12,7 @@
 # evaluation that follows (benchmarks/lossless_check.py: the head alone, greedy, 8 prompts per set,
 # token identity and mean accept length), and benchmarks/launch_overlap.py then times greedy against
 # speculative decoding side by side at launch_every 0 and 4.
-# Results land in /tmp/NAME/ (head, logs, eval JSON); the caller collects them. Start it with
+# Results land in /tmp/NAME/ (head, logs, eval JSON); `bash benchmarks/h200_collect.sh NAME` copies them into $OUT (call it in every polling call: a machine given back loses them). Start it with
 # `setsid nohup ... &` and it outlives the device call (while the machine stays warm), so a
 # 30-minute session can train with MINUTES=20 in one run.
 # Settings (environment): MINUTES, LR, ARCH (the distill architecture and batch options),

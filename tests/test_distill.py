@@ -82,6 +82,31 @@ def test_resume_continues_from_the_checkpoint(tiny_dirs, tmp_path):
     assert steps == list(range(1, 21))
 
 
+def test_a_run_that_dies_leaves_the_last_checkpoint_as_a_loadable_head(tiny_dirs, tmp_path, monkeypatch):
+    """A training run killed after its step-10 checkpoint (here: the batch maker fails at step 13)
+    leaves config.json and model.safetensors of that checkpoint in --out, loadable and lossless."""
+    import dspark_lab.lab.distill as distill_module
+
+    made = distill_module._training_batch
+    calls = {"n": 0}
+
+    def failing(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] > 12:
+            raise RuntimeError("machine gone")
+        return made(*a, **kw)
+
+    monkeypatch.setattr(distill_module, "_training_batch", failing)
+    out = tmp_path / "head"
+    with pytest.raises(RuntimeError, match="machine gone"):
+        distill(config(tiny_dirs["qwen3"], out, steps=30, eval_every=100), progress=False, say=lambda m: None)
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 10
+    target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], out)
+    p = PROMPTS[0]
+    r = speculative_generate(target, tok, drafter, p, max_new_tokens=16, max_draft_tokens=3)
+    assert r.token_ids == greedy_generate(target, tok, p, max_new_tokens=16).token_ids
+
+
 def test_init_starts_from_a_trained_head(tiny_dirs, trained, tmp_path):
     """--init: a new run starts at the trained head's loss, not a fresh head's; another
     architecture is refused with what differs."""

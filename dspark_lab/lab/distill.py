@@ -419,6 +419,12 @@ def _save_head(head: DSparkHead, path: Path, dtype: str = "float32") -> None:
     mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
 
 
+def _save_loadable(head: DSparkHead, c: DSparkConfig, target: Target, out: Path, dtype: str) -> None:
+    """The head as the engine loads it: config.json and model.safetensors in `dtype`."""
+    _save_head(head, out / "model.safetensors", dtype)
+    (out / "config.json").write_text(json.dumps(native_config(c, target), indent=2))
+
+
 def native_config(c: DSparkConfig, target: Target) -> dict:
     """DeepSpec-native config.json for the head."""
     return {
@@ -526,6 +532,9 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
             log.flush()
             if step % cfg.checkpoint_every == 0:
                 _save_checkpoint(head, optimizer, ckpt, step)
+                # The output directory is a loadable head as of the last checkpoint: a run that
+                # dies (a lent machine given back, out of memory) still leaves one to take away.
+                _save_loadable(head, c, target, out, cfg.save_dtype)
     log.close()
     _save_checkpoint(head, optimizer, ckpt, step)  # the last step, however the loop ended
     final = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
@@ -533,8 +542,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         final[-1]["mean_accept_len"] = evaluate(target, tokenizer, head, held, cap)
         say(f"step {step}: held-out mean accept length {final[-1]['mean_accept_len']:.2f} at cap {cap}")
         (out / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in final))
-    _save_head(head, out / "model.safetensors", cfg.save_dtype)
-    (out / "config.json").write_text(json.dumps(native_config(c, target), indent=2))
+    _save_loadable(head, c, target, out, cfg.save_dtype)
     accept = next((e["mean_accept_len"] for e in reversed(final) if "mean_accept_len" in e), None)
     write_model_card(out, cfg, c, data, held, final, accept, cap)
     return out
