@@ -11,7 +11,8 @@ attention are built from plain operations, so counts there are higher). Parts: a
 step (width-1 forward and argmax), and for a DSpark round at each cap: the head's draft, the
 verify forward at width cap+1 with the accept rule, and the accept bookkeeping (target cache
 trim, the head's context append), and apart from the round, the device-side n-gram lookup the
-pipelined loop adds with --lookup-drafts.
+pipelined loop adds with --lookup-drafts, and the pipelined draft step (context append and
+draft) uncompiled and compiled (compile_draft).
 
 Build time: the host's time to construct each part's graph, without evaluating it (median of
 --repeats). Plain decoding builds step t+1 while the device runs step t, so its build time hides
@@ -54,6 +55,23 @@ def _timed(fn):
     t = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t
+
+
+def pipelined_draft_step(drafter, fresh, cap: int, params, hidden: int) -> dict[str, Counter]:
+    """Operations of the pipelined loop's drafting (the previous round's rows appended to the
+    head's context, then the block drafted, both at array positions), uncompiled ("") and as
+    one compiled trace ("_compiled", compile_draft=True: fused chains count once)."""
+    out = {}
+    for tag, compiled in (("", False), ("_compiled", True)):
+        fresh()
+        at = mx.array(drafter.ctx_len, dtype=mx.int32)
+        drafter.ensure_capacity(drafter.ctx_len + 2 * (cap + 1) + drafter.config.block_size)
+        rows = {t: mx.zeros((cap + 1, hidden)) for t in drafter.target_layer_ids}
+        pending = mx.array([1], dtype=mx.uint32)
+        draft = drafter.draft_step_at(rows, at - cap - 1, pending, cap, params, at, compiled=compiled)
+        out[tag] = count_ops(draft.tokens, *_cache_state(drafter.caches))
+        mx.eval(draft.tokens, *_cache_state(drafter.caches))
+    return out
 
 
 def measure(target, drafter, prompt: list[int], caps: list[int], repeats: int = 20) -> dict:
@@ -123,6 +141,7 @@ def measure(target, drafter, prompt: list[int], caps: list[int], repeats: int = 
         drafts = mx.array([(3 * i + 1) % (target.vocab_size - 2) for i in range(cap)], dtype=mx.uint32)
         lk_ops = count_ops(*lookup.overlay(mx.array([pending], dtype=mx.uint32), mx.array(len(prompt), dtype=mx.int32), drafts, None,
                                            len(prompt) + cap + 1)[:1], lookup.tokens)
+        step_ops = pipelined_draft_step(drafter, fresh, cap, params, target.hidden_size)
         totals = {k: sum(v.values()) for k, v in parts.items()}
         builds = {k: med(v[1:]) for k, v in times.items()}
         result["rounds"].append({"cap": cap, **{k + "_total": v for k, v in totals.items()}, "round_total": sum(totals.values()),
@@ -130,7 +149,9 @@ def measure(target, drafter, prompt: list[int], caps: list[int], repeats: int = 
                                  **{k + "_build_ms": v for k, v in builds.items()},
                                  "round_build_ms": round(sum(builds.values()), 3),
                                  **{k: dict(v) for k, v in parts.items()},
-                                 "device_lookup_total": sum(lk_ops.values()), "device_lookup": dict(lk_ops)})
+                                 "device_lookup_total": sum(lk_ops.values()), "device_lookup": dict(lk_ops),
+                                 **{f"pipe_draft_step{tag}_total": sum(c.values()) for tag, c in step_ops.items()},
+                                 **{f"pipe_draft_step{tag}": dict(c) for tag, c in step_ops.items()}})
     return result
 
 
@@ -156,7 +177,8 @@ def main(argv=None) -> dict:
     print(f"greedy step: {r['greedy_step_total']} ops, built in {r['greedy_build_ms']} ms")
     for row in r["rounds"]:
         print(f"cap {row['cap']}: ops draft {row['draft_total']}, verify {row['verify_total']}, accept/trim/append "
-              f"{row['accept_trim_append_total']} (device lookup {row['device_lookup_total']} more); round {row['round_total']} = {row['round_over_greedy']}x a greedy step; "
+              f"{row['accept_trim_append_total']} (device lookup {row['device_lookup_total']} more; pipelined draft step "
+              f"{row['pipe_draft_step_total']}, compiled {row['pipe_draft_step_compiled_total']}); round {row['round_total']} = {row['round_over_greedy']}x a greedy step; "
               f"built in {row['draft_build_ms']} + {row['verify_build_ms']} + {row['accept_trim_append_build_ms']} = {row['round_build_ms']} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))

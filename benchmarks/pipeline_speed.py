@@ -11,9 +11,10 @@ Arms, interleaved prompt by prompt after a warm-up pass (kernel builds, compile 
   pipe@K          the pipelined loop (engine/pipeline.py): round r+1 built while r computes,
                   the verify forward compiled
   pipe+lk@K       the same with n-gram lookup drafts matched on the device
+  pipe+cd@K, pipe+lk+cd@K   the same two with the draft step compiled (compile_draft=True)
 Prints median decode tok/s, the ratio to our greedy and to mlx_lm, the mean accept length and
 whether every prompt's tokens equal our greedy's (temperature 0: they must, up to numerical ties
-between different kernels; the pipelined arms must equal the plain dspark arm exactly).
+between different kernels; the pipelined arms must equal the plain loop's arm with the same drafts).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def main(argv=None) -> dict:
         arms[f"dspark+lk@{k}"] = ours(lambda ids, spec=spec: spec(ids, lookup_drafts=True))
         arms[f"pipe@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True))
         arms[f"pipe+lk@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True))
+        arms[f"pipe+cd@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, compile_draft=True))
+        arms[f"pipe+lk+cd@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True, compile_draft=True))
 
     rates = {a: [] for a in arms}
     accepts = {a: [] for a in arms}
@@ -106,7 +109,8 @@ def main(argv=None) -> dict:
     print(f"{'arm':12} {'tok/s':>8} {'/greedy':>8} {'/mlx_lm':>8} {'accept':>7}  identical to greedy (and to the plain loop)")
     for name in arms:
         same = sum(tokens[(name, i)] == tokens[("greedy", i)] for i in range(len(prompts)))
-        plain = name.replace("pipe@", "dspark@").replace("pipe+lk@", "dspark+lk@")  # the plain loop with the same drafts
+        # the plain loop with the same drafts
+        plain = name.replace("+cd", "").replace("pipe@", "dspark@").replace("pipe+lk@", "dspark+lk@")
         same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name else None
         acc = accepts[name]
         row = {"arm": name, "tok_s": round(med[name], 1), "vs_greedy": round(med[name] / med["greedy"], 3),

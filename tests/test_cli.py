@@ -82,6 +82,11 @@ def test_generate_pipelined(tiny_dirs, tmp_path):
     r = runner.invoke(app, args + ["--mode", "dspark-pipe", "--lookup-drafts"])  # matched on the device
     assert r.exit_code == 0, r.output
     assert "10 tokens" in r.output and r.output.splitlines()[0] == plain.output.splitlines()[0]
+    r = runner.invoke(app, args + ["--mode", "dspark-pipe", "--lookup-drafts", "--compile-draft"])
+    assert r.exit_code == 0, r.output
+    assert "10 tokens" in r.output and r.output.splitlines()[0] == plain.output.splitlines()[0]
+    r = runner.invoke(app, args + ["--mode", "dspark", "--compile-draft"])
+    assert r.exit_code != 0 and "pipeline=True" in r.output
 
 
 def test_generate_dspark_needs_a_drafter(tiny_dirs):

@@ -30,6 +30,7 @@ def test_counts_and_build_times_of_a_round(tiny_dirs, tmp_path):
         assert row["verify_total"] >= r["greedy_step_total"]  # the same forward, wider, plus the accept rule
         assert row["round_total"] == row["draft_total"] + row["verify_total"] + row["accept_trim_append_total"]
         assert 0 < row["device_lookup_total"] < row["verify_total"]
+        assert 0 < row["pipe_draft_step_compiled_total"] < row["pipe_draft_step_total"]  # the trace fuses chains
     assert (tmp_path / "r.json").exists()
 
 
@@ -54,9 +55,9 @@ def test_pipeline_speed_benchmark_runs_every_arm(tiny_dirs, tmp_path):
     r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
                   "--max-new-tokens", "8", "--repeats", "1", "--no-compile"])
     rows = {row["arm"]: row for row in r["rows"]}
-    assert set(rows) == {"mlx_lm", "greedy", "dspark@3", "dspark+lk@3", "pipe@3", "pipe+lk@3"}
+    assert set(rows) == {"mlx_lm", "greedy", "dspark@3", "dspark+lk@3", "pipe@3", "pipe+lk@3", "pipe+cd@3", "pipe+lk+cd@3"}
     assert all(row["identical_to_greedy"] == "1/1" and row["tok_s"] > 0 for name, row in rows.items() if name != "mlx_lm")
-    assert rows["pipe@3"]["identical_to_plain_loop"] == rows["pipe+lk@3"]["identical_to_plain_loop"] == "1/1"
+    assert all(rows[a]["identical_to_plain_loop"] == "1/1" for a in ("pipe@3", "pipe+lk@3", "pipe+cd@3", "pipe+lk+cd@3"))
 
 
 def test_chain_agreement_counts_where_text_leaves_the_targets_path(tiny_dirs, tmp_path):

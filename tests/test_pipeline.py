@@ -195,3 +195,37 @@ def test_device_lookup_proposes_what_the_host_index_does():
                 assert got == host.propose(cap), (seq[:length], cap)
                 checked += bool(got)
     assert checked > 100  # matches were found and compared, not only misses
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_compiled_draft_step_drafts_what_the_uncompiled_one_does(tiny_dirs, tiny_models, tmp_path, family):
+    """compile_draft=True (context append and draft in one compiled trace): the same tokens and
+    the same accept length in every round as the uncompiled pipelined loop, so greedy decoding's
+    ids, at every cap, with and without device lookup; the head repeats its input, so rounds
+    accept at several depths and rejected rows are overwritten through the trace."""
+    target, tok = tiny_models[family]
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs[family], markov_rank=target.vocab_size, repeat_bias=20.0), target)
+    depths = set()
+    for p in PROMPTS[:3] + REPETITIVE[:2]:
+        ref = greedy_generate(target, tok, p, max_new_tokens=24).token_ids
+        for cap in (1, 3, 5):
+            for lookup in (False, True):
+                plain = speculative_generate(target, tok, head, p, max_new_tokens=24, max_draft_tokens=cap, pipeline=True, lookup_drafts=lookup)
+                comp = speculative_generate(target, tok, head, p, max_new_tokens=24, max_draft_tokens=cap, pipeline=True,
+                                            lookup_drafts=lookup, compile_draft=True)
+                assert comp.token_ids == plain.token_ids == ref, (family, cap, lookup, p)
+                assert comp.accept_lengths == plain.accept_lengths, (family, cap, lookup, p)
+                depths.update(comp.accept_lengths)
+    assert len(depths) >= 3
+
+
+def test_compile_draft_needs_the_pipelined_loop_and_samples_uncompiled(qwen3, heads):
+    """Refused without pipeline=True; at temperature > 0 the draft runs uncompiled (the exact
+    sampler's path, test_speculative_sampling_is_exact), so a seed gives the same text."""
+    target, tok = qwen3
+    drafter = load_dspark(heads["qwen3"], target)
+    runs = [speculative_generate(target, tok, drafter, PROMPTS[0], max_new_tokens=16, max_draft_tokens=3, pipeline=True,
+                                 temperature=0.8, seed=7, compile_draft=c).token_ids for c in (False, True)]
+    assert runs[0] == runs[1]
+    with pytest.raises(InputError, match="pipeline=True"):
+        speculative_generate(target, tok, drafter, "hi", compile_draft=True)

@@ -52,9 +52,11 @@ def pipelined_loop(
     mode: str,
     on_round: Callable[[int, int, float], None] | None = None,
     lookup_n: tuple[int, ...] = (),
+    compile_draft: bool = False,
 ) -> GenResult:
     """Speculative decoding with a head drafter, one round always in flight (see module doc).
-    `lookup_n`: n-gram lengths for device-side lookup drafts, the longest matching one used (none: head alone)."""
+    `lookup_n`: n-gram lengths for device-side lookup drafts, the longest matching one used (none: head alone).
+    `compile_draft`: append the context and draft in one compiled trace (greedy; DSparkDrafter.draft_step_at)."""
     clock = _Clock()
     cache = target.make_cache()
     taps = drafter.target_layer_ids
@@ -82,12 +84,12 @@ def pipelined_loop(
         # Upper bound of the cache length after this round: each round in flight adds at most its width.
         bound = known_len + sum(d + 1 for _, d, _ in in_flight) + k + 1
         drafter.ensure_capacity(bound + drafter.config.block_size)
-        if rows is not None:
-            drafter.append_context_at(rows, rows_at)
         if k:
-            draft = drafter.draft(pending, k, params, at=offset)
+            draft = drafter.draft_step_at(rows, rows_at, pending, k, params, offset, compiled=compile_draft)
             drafts, probs = draft.tokens.astype(mx.uint32), draft.probs
         else:
+            if rows is not None:
+                drafter.append_context_at(rows, rows_at)
             drafts, probs = mx.zeros((0,), dtype=mx.uint32), None
         if lookup is not None:
             drafts, probs = lookup.overlay(pending, offset, drafts, probs, bound)

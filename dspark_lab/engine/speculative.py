@@ -77,6 +77,7 @@ def speculative_generate(
     lookup_drafts: bool | None = None,
     confidence_threshold: float = 0.0,
     pipeline: bool = False,
+    compile_draft: bool = False,
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -92,7 +93,9 @@ def speculative_generate(
     `lookup_drafts` (default on, off when pipelined): a long n-gram match in prompt and output
     is verified instead of the head's draft. `pipeline`: build each round while the previous
     one computes (engine/pipeline.py), on targets with plain KV caches; with `lookup_drafts=True`
-    the n-gram match runs on the device and its tokens replace the head's slot by slot."""
+    the n-gram match runs on the device and its tokens replace the head's slot by slot, and
+    `compile_draft=True` drafts through one compiled trace per round (greedy; off until measured
+    faster on a GPU)."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     limit = drafter.config.max_drafts
     if cap_controller is None and not 1 <= max_draft_tokens <= limit:
@@ -102,6 +105,8 @@ def speculative_generate(
     if confidence_threshold > 0 and not getattr(drafter.config, "enable_confidence_head", False):
         raise InputError("confidence_threshold needs a head with a confidence head; this one has none. Leave it at 0.")
     cap, on_round = cap_schedule(cap_controller, max_draft_tokens, limit)
+    if compile_draft and not pipeline:
+        raise InputError("compile_draft is a pipelined-loop option: pass pipeline=True with it (or --mode dspark-pipe).")
     if pipeline:
         check_pipeline(target, drafter, confidence_threshold=confidence_threshold)
         from .pipeline import pipelined_loop
@@ -110,7 +115,7 @@ def speculative_generate(
         lookup_n = tuple(range(LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH - 1, -1)) if lookup_drafts else ()
         return pipelined_loop(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, cap=cap,
                               stream=TextStream(tokenizer, stop, on_text), mode="dspark-pipe", on_round=on_round,
-                              lookup_n=lookup_n)
+                              lookup_n=lookup_n, compile_draft=compile_draft)
     source = HeadSource(drafter, lookup=lookup_drafts is not False, confidence_threshold=confidence_threshold)
     result = speculative_loop(target, prompt_ids, params, source, max_new_tokens=max_new_tokens, cap=cap,
                               stream=TextStream(tokenizer, stop, on_text), mode=drafter.kind, on_round=on_round)
