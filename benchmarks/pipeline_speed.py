@@ -12,6 +12,8 @@ Arms, interleaved prompt by prompt after a warm-up pass (kernel builds, compile 
                   the verify forward compiled
   pipe+lk@K       the same with n-gram lookup drafts matched on the device
   pipe+cd@K, pipe+lk+cd@K   the same two with the draft step compiled (compile_draft=True)
+  pipe+lkk@K      (CUDA only) pipe+lk with the n-gram match as one custom kernel; the kernel
+                  probe's verdict (exact? faster?) is printed first and saved in the JSON
 Prints median decode tok/s, the ratio to our greedy and to mlx_lm, the mean accept length and
 whether every prompt's tokens equal our greedy's (temperature 0: they must, up to numerical ties
 between different kernels; the pipelined arms must equal the plain loop's arm with the same drafts).
@@ -78,6 +80,14 @@ def main(argv=None) -> dict:
     arms = {"mlx_lm": mlx_lm, "greedy": ours(lambda ids: greedy_generate(target, tok, ids, max_new_tokens=n))}
     if not args.no_compile:
         arms["greedy+c"] = ours(lambda ids: greedy_generate(target, tok, ids, max_new_tokens=n), compiled=True)
+    kernel_verdict = None
+    from dspark_lab.engine.kernels import cuda_available
+
+    if cuda_available():
+        from dspark_lab.lab.kernel_probe import measure_lookup_kernel
+
+        kernel_verdict = measure_lookup_kernel()
+        print(f"n-gram kernel probe: {kernel_verdict.describe()}")
     for k in caps:
         spec = lambda ids, k=k, **kw: speculative_generate(target, tok, head, ids, max_new_tokens=n, max_draft_tokens=k, **kw)  # noqa: E731
         arms[f"dspark@{k}"] = ours(lambda ids, spec=spec: spec(ids, lookup_drafts=False))
@@ -86,6 +96,8 @@ def main(argv=None) -> dict:
         arms[f"pipe+lk@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True))
         arms[f"pipe+cd@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, compile_draft=True))
         arms[f"pipe+lk+cd@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True, compile_draft=True))
+        if kernel_verdict is not None and kernel_verdict.reason.startswith("exact"):  # CUDA: the n-gram match as one kernel
+            arms[f"pipe+lkk@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True, lookup_kernel=True))
 
     rates = {a: [] for a in arms}
     accepts = {a: [] for a in arms}
@@ -110,7 +122,7 @@ def main(argv=None) -> dict:
     for name in arms:
         same = sum(tokens[(name, i)] == tokens[("greedy", i)] for i in range(len(prompts)))
         # the plain loop with the same drafts
-        plain = name.replace("+cd", "").replace("pipe@", "dspark@").replace("pipe+lk@", "dspark+lk@")
+        plain = name.replace("+cd", "").replace("+lkk@", "+lk@").replace("pipe@", "dspark@").replace("pipe+lk@", "dspark+lk@")
         same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name else None
         acc = accepts[name]
         row = {"arm": name, "tok_s": round(med[name], 1), "vs_greedy": round(med[name] / med["greedy"], 3),
@@ -120,7 +132,8 @@ def main(argv=None) -> dict:
         print(f"{name:12} {med[name]:8.1f} {row['vs_greedy']:8.3f} {row['vs_mlx_lm']:8.3f} {row['mean_accept_len'] or '':>7}  "
               f"{row['identical_to_greedy']}" + (f" ({row['identical_to_plain_loop']})" if same_plain is not None else ""))
     result = {"model": args.model, "head": args.head, "caps": caps, "repeats": args.repeats, "max_new_tokens": n,
-              "prompts": len(prompts), "device": str(mx.default_device()), "rows": rows}
+              "prompts": len(prompts), "device": str(mx.default_device()), "rows": rows,
+              "lookup_kernel_probe": kernel_verdict.to_dict() if kernel_verdict is not None else None}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result

@@ -76,6 +76,7 @@ def generate(
     drafter_window: Annotated[int, typer.Option(help="Context positions the drafter attends to.")] = 4096,
     confidence_threshold: Annotated[float, typer.Option(help="Cut a DSpark draft where the head's confidence falls below this (0 = off).")] = 0.0,
     lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on). In dspark-pipe mode the match runs on the device and its tokens replace the head's slot by slot (default: off, not yet measured on a GPU).")] = None,
+    lookup_kernel: Annotated[Optional[bool], typer.Option("--lookup-kernel/--no-lookup-kernel", help="In dspark-pipe mode with --lookup-drafts, run the n-gram match as one custom CUDA kernel. Default: as a one-time probe on this machine found it (exact and faster; stored in --db).")] = None,
     compile_draft: Annotated[bool, typer.Option(help="In dspark-pipe mode, append the head's context and draft through one compiled trace per round (greedy; off until measured faster on a GPU).")] = False,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy; > 0 samples (speculative paths stay exact samples of the model).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1]; 1 disables.")] = 1.0,
@@ -165,10 +166,25 @@ def generate(
                                          drafter_id=draft_model if mode is Mode.draft else drafter, db=engine)
         finally:
             engine.dispose()
+    from .engine.kernels import cuda_available
+
+    # Off CUDA there is no kernel to probe: say nothing, open no database.
+    if mode is Mode.dspark_pipe and lookup_drafts and lookup_kernel is None and cuda_available():
+        from .db import open_db
+        from .lab.kernel_probe import choose_lookup_kernel
+
+        engine = open_db(db)
+        try:
+            verdict = choose_lookup_kernel(db=engine)
+        finally:
+            engine.dispose()
+        err.print(f"[dim]--lookup-kernel: {verdict.describe()}[/]")
+        lookup_kernel = verdict.use
     if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dflash):
         result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
                                       confidence_threshold=confidence_threshold, cap_controller=controller,
-                                      pipeline=mode is Mode.dspark_pipe, compile_draft=compile_draft, **common)
+                                      pipeline=mode is Mode.dspark_pipe, compile_draft=compile_draft,
+                                      lookup_kernel=bool(lookup_kernel), **common)
     elif mode is Mode.draft:
         result = draft_model_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, cap_controller=controller, **common)
     elif mode is Mode.lookup:

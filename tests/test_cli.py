@@ -82,9 +82,12 @@ def test_generate_pipelined(tiny_dirs, tmp_path):
     r = runner.invoke(app, args + ["--mode", "dspark-pipe", "--lookup-drafts"])  # matched on the device
     assert r.exit_code == 0, r.output
     assert "10 tokens" in r.output and r.output.splitlines()[0] == plain.output.splitlines()[0]
-    r = runner.invoke(app, args + ["--mode", "dspark-pipe", "--lookup-drafts", "--compile-draft"])
+    r = runner.invoke(app, args + ["--mode", "dspark-pipe", "--lookup-drafts", "--compile-draft", "--db", str(tmp_path / "k.duckdb")])
     assert r.exit_code == 0, r.output
     assert "10 tokens" in r.output and r.output.splitlines()[0] == plain.output.splitlines()[0]
+    assert "lookup-kernel" not in r.output and not (tmp_path / "k.duckdb").exists()  # no CUDA: nothing to probe
+    r = runner.invoke(app, args + ["--mode", "dspark-pipe", "--lookup-drafts", "--lookup-kernel"])
+    assert r.exit_code != 0 and "no CUDA backend" in r.output
     r = runner.invoke(app, args + ["--mode", "dspark", "--compile-draft"])
     assert r.exit_code != 0 and "pipeline=True" in r.output
 

@@ -53,10 +53,12 @@ def pipelined_loop(
     on_round: Callable[[int, int, float], None] | None = None,
     lookup_n: tuple[int, ...] = (),
     compile_draft: bool = False,
+    lookup_kernel=None,
 ) -> GenResult:
     """Speculative decoding with a head drafter, one round always in flight (see module doc).
     `lookup_n`: n-gram lengths for device-side lookup drafts, the longest matching one used (none: head alone).
-    `compile_draft`: append the context and draft in one compiled trace (greedy; DSparkDrafter.draft_step_at)."""
+    `compile_draft`: append the context and draft in one compiled trace (greedy; DSparkDrafter.draft_step_at).
+    `lookup_kernel`: a custom kernel for the device-side lookup (see DeviceLookup)."""
     clock = _Clock()
     cache = target.make_cache()
     taps = drafter.target_layer_ids
@@ -75,7 +77,7 @@ def pipelined_loop(
     rows, rows_at = None, None  # the previous round's tapped rows, and where they go in the head's context
     known_len = len(prompt_ids)  # the cache length after the last round read on the host
     in_flight: deque = deque()  # (payload, drafted, built)
-    lookup = DeviceLookup(prompt_ids, lookup_n) if lookup_n else None
+    lookup = DeviceLookup(prompt_ids, lookup_n, kernel=lookup_kernel) if lookup_n else None
     last_read = time.perf_counter()
 
     def build() -> None:
@@ -146,8 +148,11 @@ class DeviceLookup:
 
     CHUNK = 256  # the buffer grows by this many positions (few shapes to build kernels for)
 
-    def __init__(self, prompt_ids: list[int], ns: tuple[int, ...]):
+    def __init__(self, prompt_ids: list[int], ns: tuple[int, ...], kernel=None):
+        """`kernel`: a custom kernel doing `propose_ops`'s work (engine/kernels.py), used only as
+        a probe found it exact and faster on this machine (lab/kernel_probe.py); None: MLX ops."""
         self.ns = tuple(sorted(ns, reverse=True))
+        self.kernel = kernel
         self.tokens = mx.array(prompt_ids, dtype=mx.uint32)
         self._back = mx.arange(1 - self.ns[0], 1, dtype=mx.int32)  # the n_max newest positions, relative to the pending one
         self._layout: tuple[mx.array, mx.array, mx.array] | None = None
@@ -172,7 +177,13 @@ class DeviceLookup:
         return self._layout
 
     def propose(self, at: mx.array, k: int) -> tuple[mx.array, mx.array]:
-        """(tokens (k,), usable (k,) bool): the continuation of the longest n-gram match.
+        """(tokens (k,), usable (k,) bool): the continuation of the longest n-gram match."""
+        if self.kernel is not None:
+            return self.kernel(self.tokens, at, k)
+        return self.propose_ops(at, k)
+
+    def propose_ops(self, at: mx.array, k: int) -> tuple[mx.array, mx.array]:
+        """`propose` in MLX operations (the reference a custom kernel is checked against).
 
         Every n is read off one comparison: row e of `same` says which of the n_max tokens ending
         at e equal the n_max newest ones, and an n-gram ending at e matches where its last n

@@ -78,6 +78,7 @@ def speculative_generate(
     confidence_threshold: float = 0.0,
     pipeline: bool = False,
     compile_draft: bool = False,
+    lookup_kernel: bool = False,
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -95,7 +96,8 @@ def speculative_generate(
     one computes (engine/pipeline.py), on targets with plain KV caches; with `lookup_drafts=True`
     the n-gram match runs on the device and its tokens replace the head's slot by slot, and
     `compile_draft=True` drafts through one compiled trace per round (greedy; off until measured
-    faster on a GPU)."""
+    faster on a GPU). `lookup_kernel=True` runs that device-side lookup as one custom CUDA kernel
+    (engine/kernels.py; lab/kernel_probe.py says whether it is exact and faster here)."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     limit = drafter.config.max_drafts
     if cap_controller is None and not 1 <= max_draft_tokens <= limit:
@@ -105,17 +107,28 @@ def speculative_generate(
     if confidence_threshold > 0 and not getattr(drafter.config, "enable_confidence_head", False):
         raise InputError("confidence_threshold needs a head with a confidence head; this one has none. Leave it at 0.")
     cap, on_round = cap_schedule(cap_controller, max_draft_tokens, limit)
-    if compile_draft and not pipeline:
-        raise InputError("compile_draft is a pipelined-loop option: pass pipeline=True with it (or --mode dspark-pipe).")
+    if (compile_draft or lookup_kernel) and not pipeline:
+        what = "compile_draft" if compile_draft else "lookup_kernel"
+        raise InputError(f"{what} is a pipelined-loop option: pass pipeline=True with it (or --mode dspark-pipe).")
     if pipeline:
         check_pipeline(target, drafter, confidence_threshold=confidence_threshold)
         from .pipeline import pipelined_loop
 
         # Off unless asked: the device-side lookup is not yet measured on a GPU.
         lookup_n = tuple(range(LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH - 1, -1)) if lookup_drafts else ()
+        kernel = None
+        if lookup_kernel:
+            from .kernels import ngram_lookup_kernel
+
+            if not lookup_n:
+                raise InputError("lookup_kernel runs the device-side lookup: pass lookup_drafts=True with it (or leave it off).")
+            try:
+                kernel = ngram_lookup_kernel(lookup_n)
+            except RuntimeError as e:
+                raise InputError(f"lookup_kernel cannot run here: {e}. Leave it off (the MLX operations give the same drafts).") from None
         return pipelined_loop(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, cap=cap,
                               stream=TextStream(tokenizer, stop, on_text), mode="dspark-pipe", on_round=on_round,
-                              lookup_n=lookup_n, compile_draft=compile_draft)
+                              lookup_n=lookup_n, compile_draft=compile_draft, lookup_kernel=kernel)
     source = HeadSource(drafter, lookup=lookup_drafts is not False, confidence_threshold=confidence_threshold)
     result = speculative_loop(target, prompt_ids, params, source, max_new_tokens=max_new_tokens, cap=cap,
                               stream=TextStream(tokenizer, stop, on_text), mode=drafter.kind, on_round=on_round)

@@ -1,0 +1,147 @@
+"""Whether a custom kernel (engine/kernels.py) is exact and faster on this machine: a one-time
+probe whose verdict is stored like calibration (keyed by the device stamp) and reused.
+
+The n-gram lookup kernel stands in for DeviceLookup.propose_ops. The probe first compares the
+two on random token sequences over a small alphabet (many repeats, so matches of every length
+occur) at every position and several draft widths: one differing output and the kernel is out.
+Then it times both, interleaved, each call read back by the host, over a buffer of BUFFER
+tokens; the kernel is used only when its median beats the operations' by MARGIN. Off CUDA the
+verdict is "not available", with the reason, at no cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import statistics
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import mlx.core as mx
+
+from ..engine.pipeline import DeviceLookup
+from ..engine.speculative import LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH
+
+MARGIN = 0.03  # at least 3% faster than the operations it replaces: smaller gains are noise
+BUFFER = 1024  # tokens in the timed buffer (a prompt plus a long answer)
+LOOKUP_NS = tuple(range(LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH - 1, -1))
+
+
+@dataclass
+class KernelVerdict:
+    kernel: str
+    use: bool  # exact and faster: run it
+    reason: str
+    checked: int = 0  # proposals compared with the reference
+    reference_ms: float | None = None  # median per call, read back
+    kernel_ms: float | None = None
+    reused: bool = False  # read from the database rather than measured now
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("reused")
+        return d
+
+    def describe(self) -> str:
+        timing = ""
+        if self.reference_ms is not None and self.kernel_ms is not None:
+            timing = f"; {self.kernel_ms:.3f} ms against {self.reference_ms:.3f} ms for the MLX operations"
+        return f"{self.kernel} kernel {'on' if self.use else 'off'} ({'stored' if self.reused else 'measured'}: {self.reason}{timing})"
+
+
+def _exactness(candidate, ns, sequences: int = 4, length: int = 80, seed: int = 0) -> tuple[int, str | None]:
+    """(proposals compared, first difference or None) of candidate(tokens, at, k) against
+    DeviceLookup.propose_ops."""
+    rng = random.Random(seed)
+    checked = 0
+    for _ in range(sequences):
+        seq = [rng.randrange(4) for _ in range(length)]
+        ref = DeviceLookup(seq, ns)
+        ref._ensure(length + 40)  # a buffer longer than the text: rows past `at` must be ignored
+        for at in range(1, length):
+            pos = mx.array(at, dtype=mx.int32)
+            for k in (1, 4, 7):
+                want = [a.tolist() for a in ref.propose_ops(pos, k)]
+                got = [a.tolist() for a in candidate(ref.tokens, pos, k)]
+                checked += 1
+                if got != want:
+                    return checked, f"differs from the MLX operations at position {at}, width {k}: {got} against {want}"
+    return checked, None
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def measure_lookup_kernel(candidate: Callable | None = None, *, ns: tuple[int, ...] = LOOKUP_NS, repeats: int = 50,
+                          width: int = 4) -> KernelVerdict:
+    """Check and time the n-gram lookup kernel (or `candidate`, a function of the same contract:
+    tests hand one in) against DeviceLookup.propose_ops."""
+    name = "ngram_lookup"
+    if candidate is None:
+        from ..engine.kernels import ngram_lookup_kernel
+
+        try:
+            candidate = ngram_lookup_kernel(ns)
+        except RuntimeError as e:
+            return KernelVerdict(name, False, f"not available: {e}")
+    try:
+        checked, diff = _exactness(candidate, ns)
+    except Exception as e:  # a kernel that fails to compile or run is simply not used
+        return KernelVerdict(name, False, f"failed to run: {type(e).__name__}: {e}")
+    if diff:
+        return KernelVerdict(name, False, f"not exact: {diff}", checked=checked)
+    rng = random.Random(1)
+    lookup = DeviceLookup([rng.randrange(64) for _ in range(BUFFER - 24)], ns)
+    lookup._ensure(BUFFER)
+    at = mx.array(BUFFER - 25, dtype=mx.int32)
+    runs = {"ops": lambda: lookup.propose_ops(at, width), "kernel": lambda: candidate(lookup.tokens, at, width)}
+    for fn in runs.values():  # warm-up: first use builds kernels
+        _median_ms(fn, 3)
+    times = {k: [] for k in runs}
+    for _ in range(5):  # interleaved rounds of repeats, so drift hits both alike
+        for k, fn in runs.items():
+            times[k].append(_median_ms(fn, max(1, repeats // 5)))
+    ref_ms, ker_ms = statistics.median(times["ops"]), statistics.median(times["kernel"])
+    faster = ker_ms <= (1 - MARGIN) * ref_ms
+    reason = f"exact on {checked} proposals, " + (f"{ref_ms / ker_ms:.2f}x faster" if faster else "not faster")
+    return KernelVerdict(name, faster, reason, checked=checked, reference_ms=round(ref_ms, 4), kernel_ms=round(ker_ms, 4))
+
+
+def choose_lookup_kernel(*, db=None, reprobe: bool = False, candidate: Callable | None = None) -> KernelVerdict:
+    """The stored verdict for the n-gram kernel on this machine (same device stamp), else a fresh
+    probe, stored when `db` is given (unavailable verdicts are not stored: they cost nothing)."""
+    from sqlmodel import Session, select
+
+    from ..schemas.records import ProbeRecord
+    from .device import collect_device_stamp, device_key, machine_class
+
+    options = {"ns": list(LOOKUP_NS), "buffer": BUFFER, "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda")}
+    stamp = collect_device_stamp(options)
+    key = hashlib.sha256(json.dumps(["lookup_kernel", device_key(stamp), options], sort_keys=True).encode()).hexdigest()[:24]
+    if db is not None and not reprobe:
+        with Session(db) as s:
+            row = s.exec(select(ProbeRecord).where(ProbeRecord.key == key).order_by(ProbeRecord.created_at.desc())).first()
+        if row is not None:
+            try:
+                verdict = KernelVerdict(**json.loads(row.verdict))
+                verdict.reused = True
+                return verdict
+            except (TypeError, ValueError):  # a damaged record: measure again
+                pass
+    verdict = measure_lookup_kernel(candidate)
+    if db is not None and not verdict.reason.startswith("not available"):
+        with Session(db) as s:
+            s.add(ProbeRecord(id=uuid.uuid4().hex, key=key, probe="lookup_kernel", device_key=device_key(stamp),
+                              machine=machine_class(stamp), device_stamp=json.dumps(stamp, default=str), model_id="",
+                              options=json.dumps(options), verdict=json.dumps(verdict.to_dict())))
+            s.commit()
+    return verdict
