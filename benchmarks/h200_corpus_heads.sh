@@ -19,7 +19,7 @@
 # INIT=DIR or RESUME=1, CKPT (checkpoint every N steps: a crash keeps the last one), CACHE_GB
 # (cap MLX's buffer cache: needed when two runs share one GPU; two uncapped runs ran an H200 out
 # of memory), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
-# nothing), TIMING (below).
+# nothing), GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TIMING (below).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 name=$1
@@ -35,6 +35,17 @@ mkdir -p "$run"
 # RESUME=1: continue the checkpoint already in /tmp/NAME (a new cosine over MINUTES).
 # INIT=DIR: start from a trained head's weights (e.g. the committed fixture), fresh optimizer.
 [ "${RESUME:-0}" = 1 ] || gunzip -c "$DATA" > "$run/data.jsonl"
+# GEN_PROMPTS=FILE (a prompt JSONL, or any --prompts spec) and GEN_MINUTES=M: first add the
+# target's own greedy continuations of those prompts for M minutes (mlx-lm's batched generator,
+# GEN_BATCH prompts at once) to the data file. They are the only rows whose every block slot is
+# on the target's path (docs/performance.md, sixth round); the GPU makes them at thousands of
+# tokens a second, this 2-core machine at under 30.
+if [ -n "${GEN_PROMPTS:-}" ]; then
+  python3 -m dspark_lab distill -m "$model" --out "$run" $arch --prompts "$GEN_PROMPTS" --tokens 100000000 \
+    --max-new-tokens 256 --batch "${GEN_BATCH:-256}" --data-minutes "${GEN_MINUTES:-3}" --max-len "${MAXLEN:-1024}" \
+    --data-only >> "$run/distill.log" 2>&1
+  echo "$name generation rc=$? at ${SECONDS}s"; grep "data:" "$run/distill.log" | tail -1
+fi
 # --tokens 0 and --corpus-tokens 1: the data file already holds its rows, so nothing is generated or read
 # (a positive --tokens would continue PROMPTS for a data file without generated rows).
 timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" --out "$run" $arch \
