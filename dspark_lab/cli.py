@@ -313,6 +313,8 @@ def sweep(
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast unquantized weights (float32 is fastest on CPU).")] = None,
     launch_every: LaunchEveryOpt = "0",
+    pipe_lookup: Annotated[bool, typer.Option(help="dspark-pipe arms add n-gram lookup drafts matched on the device.")] = False,
+    compile_draft: Annotated[bool, typer.Option(help="dspark-pipe arms draft through one compiled trace per round (greedy).")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -328,7 +330,7 @@ def sweep(
         cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
-                          launch_every=launch_every)
+                          launch_every=launch_every, pipe_lookup=pipe_lookup, compile_draft=compile_draft)
     def event(msg: str) -> None:
         if verbose or not msg.startswith("stored"):
             err.print(f"[dim]{msg}[/]", highlight=False)

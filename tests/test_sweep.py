@@ -298,7 +298,7 @@ def test_launch_every_changes_no_output_and_keeps_old_grid_keys(tiny_dirs, head,
     import hashlib
 
     legacy = asdict(plain)
-    del legacy["draft_models"], legacy["launch_every"]
+    del legacy["draft_models"], legacy["launch_every"], legacy["pipe_lookup"], legacy["compile_draft"]
     assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
     outs = []
     for cfg, name in ((plain, "a"), (early, "b")):
@@ -308,3 +308,36 @@ def test_launch_every_changes_no_output_and_keeps_old_grid_keys(tiny_dirs, head,
     assert [r[1:] for r in outs[0]] == [r[1:] for r in outs[1]]
     with pytest.raises(InputError, match="launch-every"):
         small_config(tiny_dirs["qwen3"], head, launch_every=-1)
+
+
+def test_pipelined_arm_options_reach_the_loop_and_keep_old_grid_keys(tiny_dirs, head, tmp_path, monkeypatch):
+    """pipe_lookup and compile_draft reach every dspark-pipe arm (and no other), the outputs stay
+    the baseline's, the run's stamp records them, and a grid without them keeps its old key."""
+    import dspark_lab.engine as engine_module
+
+    seen = []
+    real = engine_module.speculative_generate
+
+    def spy(*a, **kw):
+        seen.append((kw.get("pipeline"), kw.get("lookup_drafts"), kw.get("compile_draft")))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(engine_module, "speculative_generate", spy)
+    plain = small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark", "dspark-pipe"], caps=["2"], trials=1)
+    both = small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark", "dspark-pipe"], caps=["2"], trials=1,
+                        pipe_lookup=True, compile_draft=True)
+    assert plain.key() != both.key()
+    from dataclasses import asdict
+    import hashlib
+
+    legacy = asdict(plain)
+    for name in ("draft_models", "launch_every", "pipe_lookup", "compile_draft"):
+        del legacy[name]
+    assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
+    db = tmp_path / "p.duckdb"
+    run_sweep(both, db, progress=False)
+    assert set(seen) == {(False, None, None), (True, True, True)}
+    lossless = rows(db, "select distinct mode, lossless from trials order by all")
+    assert lossless == [("baseline", None), ("dspark", True), ("dspark-pipe", True)]
+    (stamp, config), = rows(db, "select device_stamp, config from runs")
+    assert json.loads(config)["pipe_lookup"] is True and '"compile_draft": true' in stamp

@@ -29,7 +29,8 @@ from ..schemas.records import Run, Trial, utcnow
 
 MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dflash", "draft")
 HEAD_MODES = ("dspark", "dspark-pipe", "dflash")  # modes that need a drafter head
-# dspark-pipe: a DSpark head through the pipelined loop (engine/pipeline.py), head drafts only.
+# dspark-pipe: a DSpark head through the pipelined loop (engine/pipeline.py), head drafts only
+# unless the grid sets pipe_lookup (device-side lookup drafts) or compile_draft.
 AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size (lookup, a draft model)
 
 
@@ -49,6 +50,8 @@ class SweepConfig:
     drafter_bits: int = 4
     dtype: str | None = None
     launch_every: int | str = 0  # Target.launch_every for every arm, the baseline included; "auto": lab/launch_probe.py
+    pipe_lookup: bool = False  # dspark-pipe arms add device-side n-gram lookup drafts (engine/pipeline.DeviceLookup)
+    compile_draft: bool = False  # dspark-pipe arms draft through one compiled trace per round
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -79,6 +82,9 @@ class SweepConfig:
             del fields["draft_models"]  # grids from before draft mode keep their key, so they still resume
         if not fields["launch_every"]:
             del fields["launch_every"]  # likewise for grids from before launch_every
+        for name in ("pipe_lookup", "compile_draft"):
+            if not fields[name]:
+                del fields[name]  # and before these
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -191,8 +197,9 @@ def run_sweep(
     say = on_event or (lambda _m: None)
     sets = load_prompt_sets(cfg.prompt_sets, limit=cfg.prompt_limit)
     engine = open_db(db_path)
+    pipe_options = {k: True for k in ("pipe_lookup", "compile_draft") if getattr(cfg, k)}
     stamp = collect_device_stamp({"drafter_bits": cfg.drafter_bits, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
-                                  **({"launch_every": cfg.launch_every} if cfg.launch_every else {})})
+                                  **({"launch_every": cfg.launch_every} if cfg.launch_every else {}), **pipe_options})
     run_id = resume if isinstance(resume, str) else (find_resumable(engine, cfg) if resume else None)
     with Session(engine) as s:
         if run_id is not None:
@@ -312,8 +319,14 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
             d = drafters[(arm.mode, arm.drafter_id)]
             r = speculative_generate(target, tok, d, prompt_input, max_new_tokens=max_new,
                                      max_draft_tokens=min(cap, d.config.max_drafts) if cap else 2, cap_controller=ctrl,
-                                     pipeline=arm.mode == "dspark-pipe")
+                                     **pipe_kwargs(arm.mode))
         return r, (ctrl.history if ctrl is not None else None)
+
+    def pipe_kwargs(mode: str) -> dict:
+        """The loop a head arm runs: plain, or pipelined with the grid's dspark-pipe options."""
+        if mode != "dspark-pipe":
+            return {"pipeline": False}
+        return {"pipeline": True, "lookup_drafts": cfg.pipe_lookup, "compile_draft": cfg.compile_draft}
 
     if cfg.warmup:  # every arm once on a short generation: compiles kernels, fills caches
         first = sets[0].prompts[0].as_input()
