@@ -77,9 +77,7 @@ def pipelined_draft_step(drafter, fresh, cap: int, params, hidden: int) -> dict[
 def measure(target, drafter, prompt: list[int], caps: list[int], repeats: int = 20) -> dict:
     from dspark_lab.engine.pipeline import DeviceLookup
     from dspark_lab.engine.sampling import SamplingParams, verify
-    from dspark_lab.engine.speculative import LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH
-
-    LOOKUP_NS = tuple(range(LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH - 1, -1))
+    from dspark_lab.engine.speculative import LOOKUP_NS
 
     params = SamplingParams()
     taps = drafter.target_layer_ids if drafter is not None else ()

@@ -96,7 +96,7 @@ def main(argv=None) -> dict:
         arms[f"pipe+lk@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True))
         arms[f"pipe+cd@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, compile_draft=True))
         arms[f"pipe+lk+cd@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True, compile_draft=True))
-        if kernel_verdict is not None and kernel_verdict.reason.startswith("exact"):  # CUDA: the n-gram match as one kernel
+        if kernel_verdict is not None and kernel_verdict.exact:  # CUDA: the n-gram match as one kernel
             arms[f"pipe+lkk@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True, lookup_kernel=True))
 
     rates = {a: [] for a in arms}

@@ -28,12 +28,14 @@ def reference(tokens, at, k):
 def test_off_cuda_the_kernel_is_unavailable_and_refused():
     v = measure_lookup_kernel()
     assert not v.use and "not available" in v.reason and "CUDA" in v.reason
+    assert not v.available and not v.exact and v.checked == 0
     assert "off" in v.describe()
 
 
 def test_an_exact_stand_in_passes_and_is_used_only_when_faster():
     v = measure_lookup_kernel(reference, repeats=5)
     assert v.reason.startswith("exact on") and v.checked > 500
+    assert v.available and v.exact
     assert v.reference_ms > 0 and v.kernel_ms > 0
     assert v.use == (v.kernel_ms <= (1 - kernel_probe.MARGIN) * v.reference_ms)
 
@@ -48,6 +50,7 @@ def test_a_kernel_that_differs_or_fails_is_kept_out():
 
     v = measure_lookup_kernel(off_by_one)
     assert not v.use and v.reason.startswith("not exact") and "position" in v.reason
+    assert v.available and not v.exact
     v = measure_lookup_kernel(broken)
     assert not v.use and "failed to run" in v.reason and "nvrtc" in v.reason
 

@@ -177,10 +177,10 @@ def test_device_lookup_proposes_what_the_host_index_does():
 
     from dspark_lab.engine.drafters.lookup import LookupConfig, NgramIndex
     from dspark_lab.engine.pipeline import DeviceLookup
-    from dspark_lab.engine.speculative import LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH
+    from dspark_lab.engine.speculative import LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH, LOOKUP_NS
 
     rng = random.Random(3)
-    ns = tuple(range(LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH - 1, -1))
+    ns = LOOKUP_NS
     checked = 0
     for _ in range(4):
         seq = [rng.randrange(4) for _ in range(60)]

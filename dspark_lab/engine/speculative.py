@@ -22,6 +22,7 @@ from .text import TextStream
 # the index looks up suffixes up to LOOKUP_MAX_MATCH long, the longest first.
 LOOKUP_MIN_MATCH = 3
 LOOKUP_MAX_MATCH = 4
+LOOKUP_NS = tuple(range(LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH - 1, -1))  # the n-gram lengths the device-side lookup tries, longest first
 
 
 class HeadSource(DraftSource):
@@ -115,7 +116,7 @@ def speculative_generate(
         from .pipeline import pipelined_loop
 
         # Off unless asked: the device-side lookup is not yet measured on a GPU.
-        lookup_n = tuple(range(LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH - 1, -1)) if lookup_drafts else ()
+        lookup_n = LOOKUP_NS if lookup_drafts else ()
         kernel = None
         if lookup_kernel:
             from .kernels import ngram_lookup_kernel

@@ -11,23 +11,19 @@ verdict is "not available", with the reason, at no cost.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import statistics
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 import mlx.core as mx
 
 from ..engine.pipeline import DeviceLookup
-from ..engine.speculative import LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH
+from ..engine.speculative import LOOKUP_NS
 
 MARGIN = 0.03  # at least 3% faster than the operations it replaces: smaller gains are noise
 BUFFER = 1024  # tokens in the timed buffer (a prompt plus a long answer)
-LOOKUP_NS = tuple(range(LOOKUP_MAX_MATCH, LOOKUP_MIN_MATCH - 1, -1))
 
 
 @dataclass
@@ -35,6 +31,8 @@ class KernelVerdict:
     kernel: str
     use: bool  # exact and faster: run it
     reason: str
+    available: bool = True  # the kernel could be built for this device (else nothing was checked)
+    exact: bool = False  # every compared proposal equal to the MLX operations'
     checked: int = 0  # proposals compared with the reference
     reference_ms: float | None = None  # median per call, read back
     kernel_ms: float | None = None
@@ -92,7 +90,7 @@ def measure_lookup_kernel(candidate: Callable | None = None, *, ns: tuple[int, .
         try:
             candidate = ngram_lookup_kernel(ns)
         except RuntimeError as e:
-            return KernelVerdict(name, False, f"not available: {e}")
+            return KernelVerdict(name, False, f"not available: {e}", available=False)
     try:
         checked, diff = _exactness(candidate, ns)
     except Exception as e:  # a kernel that fails to compile or run is simply not used
@@ -113,35 +111,28 @@ def measure_lookup_kernel(candidate: Callable | None = None, *, ns: tuple[int, .
     ref_ms, ker_ms = statistics.median(times["ops"]), statistics.median(times["kernel"])
     faster = ker_ms <= (1 - MARGIN) * ref_ms
     reason = f"exact on {checked} proposals, " + (f"{ref_ms / ker_ms:.2f}x faster" if faster else "not faster")
-    return KernelVerdict(name, faster, reason, checked=checked, reference_ms=round(ref_ms, 4), kernel_ms=round(ker_ms, 4))
+    return KernelVerdict(name, faster, reason, exact=True, checked=checked, reference_ms=round(ref_ms, 4), kernel_ms=round(ker_ms, 4))
 
 
 def choose_lookup_kernel(*, db=None, reprobe: bool = False, candidate: Callable | None = None) -> KernelVerdict:
     """The stored verdict for the n-gram kernel on this machine (same device stamp), else a fresh
     probe, stored when `db` is given (unavailable verdicts are not stored: they cost nothing)."""
-    from sqlmodel import Session, select
-
-    from ..schemas.records import ProbeRecord
-    from .device import collect_device_stamp, device_key, machine_class
+    from .device import collect_device_stamp, device_key
+    from .probe_store import probe_key, store_verdict, stored_verdict
 
     options = {"ns": list(LOOKUP_NS), "buffer": BUFFER, "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda")}
     stamp = collect_device_stamp(options)
-    key = hashlib.sha256(json.dumps(["lookup_kernel", device_key(stamp), options], sort_keys=True).encode()).hexdigest()[:24]
+    key = probe_key("lookup_kernel", device_key(stamp), "", options)
     if db is not None and not reprobe:
-        with Session(db) as s:
-            row = s.exec(select(ProbeRecord).where(ProbeRecord.key == key).order_by(ProbeRecord.created_at.desc())).first()
-        if row is not None:
+        stored = stored_verdict(db, key)
+        if stored is not None:
             try:
-                verdict = KernelVerdict(**json.loads(row.verdict))
+                verdict = KernelVerdict(**stored)
                 verdict.reused = True
                 return verdict
-            except (TypeError, ValueError):  # a damaged record: measure again
+            except TypeError:  # a damaged record: measure again
                 pass
     verdict = measure_lookup_kernel(candidate)
-    if db is not None and not verdict.reason.startswith("not available"):
-        with Session(db) as s:
-            s.add(ProbeRecord(id=uuid.uuid4().hex, key=key, probe="lookup_kernel", device_key=device_key(stamp),
-                              machine=machine_class(stamp), device_stamp=json.dumps(stamp, default=str), model_id="",
-                              options=json.dumps(options), verdict=json.dumps(verdict.to_dict())))
-            s.commit()
+    if db is not None and verdict.available:
+        store_verdict(db, key=key, probe="lookup_kernel", stamp=stamp, model_id="", options=options, verdict=verdict.to_dict())
     return verdict

@@ -14,11 +14,8 @@ its logits equal N=0's bit for bit, and it wins only when its median beats N=0 b
 
 from __future__ import annotations
 
-import hashlib
-import json
 import statistics
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -112,41 +109,29 @@ def measure_launch_every(target: Target, *, width: int = 5, context: int = 256, 
     return LaunchVerdict(every=every, median_ms=median, exact=exact, width=width, context=context)
 
 
-def probe_key(device_key: str, model_id: str, options: dict) -> str:
-    blob = json.dumps(["launch_every", device_key, model_id, options], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
 def choose_launch_every(target: Target, *, db=None, model_id: str | None = None, width: int = 5, reprobe: bool = False,
                         progress: Callable[[str], None] | None = None) -> LaunchVerdict:
     """The stored verdict for this model on this machine (same device stamp), else a fresh
     probe, stored when `db` is given. Sets nothing: the caller applies `verdict.every`."""
-    from sqlmodel import Session, select
-
-    from ..schemas.records import ProbeRecord
     from .calibrate import _bits
-    from .device import collect_device_stamp, device_key, machine_class
+    from .device import collect_device_stamp, device_key
+    from .probe_store import probe_key, store_verdict, stored_verdict
 
     options = {"width": width, "target_bits": _bits(target.model), "kv_bits": target.kv_bits,
                "dtype": str(target._embed.weight.dtype)}
     stamp = collect_device_stamp(options)
     model_id = model_id or target.name
-    key = probe_key(device_key(stamp), model_id, options)
+    key = probe_key("launch_every", device_key(stamp), model_id, options)
     if db is not None and not reprobe:
-        with Session(db) as s:
-            row = s.exec(select(ProbeRecord).where(ProbeRecord.key == key).order_by(ProbeRecord.created_at.desc())).first()
-        if row is not None:
+        stored = stored_verdict(db, key)
+        if stored is not None:
             try:
-                verdict = LaunchVerdict.from_dict(json.loads(row.verdict))
+                verdict = LaunchVerdict.from_dict(stored)
                 verdict.reused = True
                 return verdict
             except (KeyError, ValueError, TypeError):  # a damaged record: measure again
                 pass
     verdict = measure_launch_every(target, width=width, progress=progress)
     if db is not None:
-        with Session(db) as s:
-            s.add(ProbeRecord(id=uuid.uuid4().hex, key=key, probe="launch_every", device_key=device_key(stamp),
-                              machine=machine_class(stamp), device_stamp=json.dumps(stamp, default=str), model_id=model_id,
-                              options=json.dumps(options), verdict=json.dumps(verdict.to_dict())))
-            s.commit()
+        store_verdict(db, key=key, probe="launch_every", stamp=stamp, model_id=model_id, options=options, verdict=verdict.to_dict())
     return verdict
