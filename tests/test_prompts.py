@@ -293,3 +293,20 @@ def test_humaneval_real_package():
     ps = load_prompt_set("humaneval")
     assert len(ps) == 164 and ps.prompts[0].id == "HumanEval/0"
     assert len(load_prompt_set("humaneval", limit=10)) == 10
+
+
+def test_gzipped_prompt_file_reads_like_the_plain_one(tmp_path):
+    """A prompt file kept compressed (distill's --prompts on the device takes one) gives the same
+    set, under the same name, as the plain file; a damaged one says so."""
+    records = [GOOD, {"id": "p2", "domain": "code", "text": "Write a sort."}]
+    plain = write_jsonl(tmp_path / "mine.jsonl", records)
+    packed = tmp_path / "packed" / "mine.jsonl.gz"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    a, b = load_prompt_set(str(plain)), load_prompt_set(str(packed))
+    assert b.name == a.name == "mine"
+    assert b.version == a.version and [p.id for p in b.prompts] == ["p1", "p2"]
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(gzip.compress(plain.read_bytes())[:-12])
+    with pytest.raises(InputError, match=r"broken\.jsonl\.gz is a damaged gzip file"):
+        load_prompt_set(str(broken))

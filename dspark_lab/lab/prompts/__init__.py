@@ -12,6 +12,7 @@ file format.
 
 from __future__ import annotations
 
+import gzip
 from importlib import resources
 from pathlib import Path
 
@@ -28,18 +29,23 @@ __all__ = [
 ]
 
 _SPEC_HELP = (
-    f"Use a built-in set ({', '.join(BUILTIN_SETS)}), a path to a .jsonl file, or a public suite: "
+    f"Use a built-in set ({', '.join(BUILTIN_SETS)}), a path to a .jsonl (or .jsonl.gz) file, or a public suite: "
     "humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH."
 )
 
 
 def _read_text(path: Path, label: str) -> str:
     try:
-        return path.read_text(encoding="utf-8-sig")  # tolerate a BOM from Windows editors
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":  # gzip magic: a prompt file kept compressed (.jsonl.gz)
+            raw = gzip.decompress(raw)
+        return raw.decode("utf-8-sig")  # tolerate a BOM from Windows editors
     except UnicodeDecodeError as e:
         raise InputError(f"{label} is not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
     except OSError as e:
         raise InputError(f"{label} could not be read: {e.strerror or e}.") from None
+    except (EOFError, gzip.BadGzipFile) as e:
+        raise InputError(f"{label} is a damaged gzip file ({e}); compress it again or pass the plain .jsonl.") from None
 
 
 def _load_builtin(name: str, limit: int | None) -> PromptSet:
@@ -53,13 +59,14 @@ def _load_file(spec: str, limit: int | None) -> PromptSet:
     if path.is_dir():
         raise InputError(f"prompt set {spec!r} is a directory; pass a .jsonl file.")
     if not path.is_file():
-        if path.suffix == ".jsonl" or "/" in spec or "\\" in spec:
+        if path.suffix in (".jsonl", ".gz") or "/" in spec or "\\" in spec:
             raise InputError(f"prompt file {spec!r} not found. {_SPEC_HELP}")
         raise InputError(f"unknown prompt set {spec!r}. {_SPEC_HELP}")
     text = _read_text(path, path.name)
     if not text.strip():
         raise InputError(f"{path.name} is empty; write one JSON object per line (id, domain, messages or text).")
-    return make_set(path.stem, parse_jsonl(text, path.name), source=str(path), limit=limit)
+    name = Path(path.name.removesuffix(".gz")).stem  # my.jsonl and my.jsonl.gz are both "my"
+    return make_set(name, parse_jsonl(text, path.name), source=str(path), limit=limit)
 
 
 def load_prompt_set(spec: str, limit: int | None = None) -> PromptSet:
