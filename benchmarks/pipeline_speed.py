@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
     if cuda_available():
         from dspark_lab.lab.kernel_probe import measure_lookup_kernel
 
-        kernel_verdict = measure_lookup_kernel()
+        kernel_verdict = measure_lookup_kernel(loop=(target, head, tok))  # the match alone, then in the loop
         print(f"n-gram kernel probe: {kernel_verdict.describe()}")
     for k in caps:
         spec = lambda ids, k=k, **kw: speculative_generate(target, tok, head, ids, max_new_tokens=n, max_draft_tokens=k, **kw)  # noqa: E731

@@ -175,7 +175,8 @@ def generate(
 
         engine = open_db(db)
         try:
-            verdict = choose_lookup_kernel(db=engine)
+            # Timed in the pipelined loop on this pair, not the match alone (lab/kernel_probe.py).
+            verdict = choose_lookup_kernel(db=engine, loop=(target, head, tokenizer), model_id=f"{model}|{drafter}|{drafter_bits}")
         finally:
             engine.dispose()
         err.print(f"[dim]--lookup-kernel: {verdict.describe()}[/]")

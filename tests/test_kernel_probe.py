@@ -97,3 +97,64 @@ def test_lookup_kernel_refusals_say_what_to_change(qwen3, heads):
         speculative_generate(target, tok, drafter, "hi", pipeline=True, lookup_kernel=True)
     with pytest.raises(InputError, match="pipeline=True"):
         speculative_generate(target, tok, drafter, "hi", lookup_kernel=True)
+
+
+def called_from_the_loop() -> bool:
+    import inspect
+
+    return any(f.function == "pipelined_loop" for f in inspect.stack(0))
+
+
+def test_in_the_loop_the_loop_time_decides(qwen3, heads):
+    """With a pair, the probe also times the pipelined loop through the candidate and through the
+    operations; the loop's time, not the match's, decides, and both loops must give the same
+    tokens. A candidate that is exact alone but slow in the loop (here: it waits) is kept out."""
+    import time
+
+    target, tok = qwen3
+    drafter = load_dspark(heads["qwen3"], target)
+    v = measure_lookup_kernel(reference, repeats=5, loop=(target, drafter, tok), loop_tokens=16, loop_passes=1)
+    assert v.exact and v.loop_reference_ms > 0 and v.loop_kernel_ms > 0
+    assert v.use == (v.loop_kernel_ms <= (1 - kernel_probe.MARGIN) * v.loop_reference_ms)
+    assert "the loop" in v.reason and "the loop" in v.describe()
+
+    in_loop = []
+
+    def slow_in_the_loop(tokens, at, k):  # as fast as the operations alone, 20 ms a call in a generation
+        if called_from_the_loop():
+            in_loop.append(k)
+            time.sleep(0.02)
+        return reference(tokens, at, k)
+
+    v = measure_lookup_kernel(slow_in_the_loop, repeats=5, loop=(target, drafter, tok), loop_tokens=16, loop_passes=1)
+    assert in_loop and v.exact and not v.use and v.reason.endswith("the loop not faster")
+    assert v.loop_kernel_ms > v.loop_reference_ms
+
+
+def test_a_kernel_that_fails_in_the_loop_is_kept_out(qwen3, heads):
+    target, tok = qwen3
+    drafter = load_dspark(heads["qwen3"], target)
+
+    def fails_in_the_loop(tokens, at, k):
+        if called_from_the_loop():
+            raise RuntimeError("launch failed")
+        return reference(tokens, at, k)
+
+    v = measure_lookup_kernel(fails_in_the_loop, repeats=5, loop=(target, drafter, tok), loop_tokens=16, loop_passes=1)
+    assert not v.use and "failed in the loop" in v.reason and "launch failed" in v.reason
+
+
+def test_loop_verdicts_are_kept_apart_from_match_verdicts(tmp_path, qwen3, heads):
+    target, tok = qwen3
+    drafter = load_dspark(heads["qwen3"], target)
+    db = open_db(tmp_path / "k.duckdb")
+    try:
+        match = choose_lookup_kernel(db=db, candidate=reference)
+        pair = dict(candidate=reference, loop=(target, drafter, tok), model_id="tiny-qwen3|head")
+        first = choose_lookup_kernel(db=db, **pair)
+        assert not first.reused and first.loop_kernel_ms is not None and match.loop_kernel_ms is None
+        again = choose_lookup_kernel(db=db, **pair)
+        assert again.reused and again.to_dict() == first.to_dict()
+        assert not choose_lookup_kernel(db=db, **{**pair, "model_id": "other|head"}).reused
+    finally:
+        db.dispose()
