@@ -111,7 +111,7 @@ def _loop_ms(loop, kernel, ns, *, tokens: int, passes: int) -> tuple[float, floa
         for name, k in (("ops", None), ("kernel", kernel)):
             r = run(k)
             outputs.setdefault(name, r.token_ids)
-            if rep and r.num_tokens > 1:
+            if rep and r.decode_tokens_per_sec > 0:
                 times[name].append(1000 / r.decode_tokens_per_sec)
     if outputs["kernel"] != outputs["ops"]:
         first = next((i for i, (a, b) in enumerate(zip(outputs["kernel"], outputs["ops"])) if a != b), None)
