@@ -310,3 +310,7 @@ def test_gzipped_prompt_file_reads_like_the_plain_one(tmp_path):
     broken.write_bytes(gzip.compress(plain.read_bytes())[:-12])
     with pytest.raises(InputError, match=r"broken\.jsonl\.gz is a damaged gzip file"):
         load_prompt_set(str(broken))
+    bad_header = tmp_path / "header.jsonl.gz"
+    bad_header.write_bytes(b"\x1f\x8b" + b"\x00" * 30)  # gzip's magic, then no valid header
+    with pytest.raises(InputError, match=r"header\.jsonl\.gz is a damaged gzip file"):
+        load_prompt_set(str(bad_header))

@@ -113,8 +113,9 @@ def _loop_ms(loop, kernel, ns, *, tokens: int, passes: int) -> tuple[float, floa
             outputs.setdefault(name, r.token_ids)
             if rep and r.decode_tokens_per_sec > 0:
                 times[name].append(1000 / r.decode_tokens_per_sec)
-    if outputs["kernel"] != outputs["ops"]:
-        first = next((i for i, (a, b) in enumerate(zip(outputs["kernel"], outputs["ops"])) if a != b), None)
+    a, b = outputs["kernel"], outputs["ops"]
+    if a != b:  # the first differing token, or where the shorter one ends
+        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         return 0.0, None, f"the loop's tokens differ from the MLX operations' (first at token {first})"
     return statistics.median(times["ops"]), statistics.median(times["kernel"]), None
 

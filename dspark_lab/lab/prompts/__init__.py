@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ...errors import InputError
 from .core import DOMAINS, Prompt, PromptSet, check_limit, content_version, make_set, parse_jsonl
-from .public import load_gsm8k, load_humaneval, load_mtbench, load_sharegpt
+from .public import load_gsm8k, load_humaneval, load_mtbench, load_sharegpt, open_text
 
 BUILTIN_SETS = ("code", "math", "chat", "copy")
 PUBLIC_SUITES = ("humaneval", "gsm8k", "sharegpt", "mtbench")
@@ -36,16 +36,14 @@ _SPEC_HELP = (
 
 def _read_text(path: Path, label: str) -> str:
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":  # gzip magic: a prompt file kept compressed (.jsonl.gz)
-            raw = gzip.decompress(raw)
-        return raw.decode("utf-8-sig")  # tolerate a BOM from Windows editors
+        with open_text(path) as f:  # plain (a BOM from Windows editors tolerated) or gzip-compressed
+            return f.read()
     except UnicodeDecodeError as e:
         raise InputError(f"{label} is not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
+    except (EOFError, gzip.BadGzipFile) as e:  # before OSError: BadGzipFile is one
+        raise InputError(f"{label} is a damaged gzip file ({e}); compress it again or pass the plain .jsonl.") from None
     except OSError as e:
         raise InputError(f"{label} could not be read: {e.strerror or e}.") from None
-    except (EOFError, gzip.BadGzipFile) as e:
-        raise InputError(f"{label} is a damaged gzip file ({e}); compress it again or pass the plain .jsonl.") from None
 
 
 def _load_builtin(name: str, limit: int | None) -> PromptSet:

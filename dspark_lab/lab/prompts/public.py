@@ -23,7 +23,7 @@ _HUMANEVAL_INSTRUCTION = (
 )
 
 
-def _open_text(path: Path):
+def open_text(path: Path):
     """Text handle on a plain or gzip-compressed file (told apart by its magic bytes)."""
     with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
@@ -42,7 +42,7 @@ def _existing(path: str, suite: str, fix: str) -> Path:
 def _jsonl_records(path: Path, label: str):
     """(line number, object) for every non-blank line; bad JSON names the line."""
     try:
-        with _open_text(path) as f:
+        with open_text(path) as f:
             for lineno, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
@@ -172,7 +172,7 @@ def iter_json_array(path: Path, label: str):
     """Elements of a top-level JSON array (or of a stream of concatenated JSON values), one at a
     time. Yields ("item", value) and, if the file ends early, one final ("truncated", count)."""
     decoder = json.JSONDecoder()
-    with _open_text(path) as f:
+    with open_text(path) as f:
         buf, pos, consumed, lines_before, eof = "", 0, 0, 0, False
 
         def fill(need_more: bool) -> bool:
