@@ -6,27 +6,50 @@
 # distill leaves a loadable head in /tmp/NAME at each checkpoint (CKPT steps): config.json and the
 # bfloat16 model.safetensors (15 MB for the SmolLM2 head).
 # A call returns at most 8 files of 16 MiB each, 64 MiB in all, so: config.json, the weights
-# (whole, or in 15 MB parts joined here with `cat model.safetensors.part* > model.safetensors`),
+# (whole, or in 15 MB parts, see below),
 # and one results.tar.gz with the card, the evaluation and timing JSON, every log, and the data's
 # generated rows (the target's own continuations: made on the GPU's clock, lost with the machine
 # otherwise; the read corpus rows are left out, they are rebuilt on any machine).
-# A head over 45 MB (a 2-layer Qwen head is about 70 MB) comes back 3 parts a call:
-# PARTS="03 04" bash benchmarks/h200_collect.sh NAME for the rest.
+# A head over 45 MB (the 2-layer Qwen 0.5B head is 103 MB: 7 parts) comes back 3 parts a call, and
+# each call brings the parts of the current weights that no earlier call brought (remembered in
+# /tmp/NAME/.collect_returned, forgotten when the weights change), so keep polling until it says
+# "all N parts returned". model.safetensors.parts (sha256, part count, size) comes back every call:
+# join the parts here with `python benchmarks/join_parts.py DEST DIR...` (the calls' files_at
+# folders), which takes the parts of one version and checks the whole file's sha256.
+# PARTS="03 04" bash benchmarks/h200_collect.sh NAME returns those parts instead.
 set -u
 run=/tmp/$1
 out=${OUT:?run this on the device, where OUT is set}
 [ -f "$run/config.json" ] && cp "$run/config.json" "$out/"
 weights=$run/model.safetensors
 if [ -f "$weights" ]; then
-  if [ "$(stat -c %s "$weights")" -le 16000000 ]; then
+  size=$(stat -c %s "$weights")
+  if [ "$size" -le 16000000 ]; then
     cp "$weights" "$out/"
   else
     parts=$(mktemp -d)
-    split -b 15000000 -d -a 2 "$weights" "$parts/model.safetensors.part"
+    cp "$weights" "$parts/whole"  # one version: a checkpoint saved meanwhile replaces the file, not these bytes
+    sum=$(sha256sum "$parts/whole" | cut -d' ' -f1)
+    split -b 15000000 -d -a 2 "$parts/whole" "$parts/model.safetensors.part" && rm "$parts/whole"
     all=$(cd "$parts" && ls | sed 's/.*part//' | tr '\n' ' ')
-    if [ -z "${PARTS:-}" ] && [ "$(stat -c %s "$weights")" -gt 45000000 ]; then PARTS=$(echo $all | cut -d' ' -f1-3); fi
-    for p in ${PARTS:-$all}; do cp "$parts/model.safetensors.part$p" "$out/"; done
-    echo "weights in parts: $all; returned: ${PARTS:-$all}"
+    count=$(echo $all | wc -w)
+    printf 'sha256 %s\nparts %s\nsize %s\n' "$sum" "$count" "$size" > "$out/model.safetensors.parts"
+    state=$run/.collect_returned
+    [ -f "$state" ] && [ "$(head -1 "$state")" = "$sum" ] || echo "$sum" > "$state"
+    if [ -n "${PARTS:-}" ]; then
+      send=$PARTS
+    else
+      # Parts of this version not returned yet; all of them if the weights fit one call.
+      send=$(for p in $all; do grep -qx "$p" "$state" || echo "$p"; done | tr '\n' ' ')
+      [ "$size" -gt 45000000 ] && send=$(echo $send | cut -d' ' -f1-3)
+    fi
+    for p in $send; do cp "$parts/model.safetensors.part$p" "$out/"; echo "$p" >> "$state"; done
+    left=$(for p in $all; do grep -qx "$p" "$state" || echo "$p"; done | tr '\n' ' ')
+    if [ -z "$left" ]; then
+      echo "weights: all $count parts returned (sha256 $sum); this call: ${send:-none}"
+    else
+      echo "weights: $count parts (sha256 $sum); this call: ${send:-none}; STILL TO FETCH: $left(poll again)"
+    fi
     rm -rf "$parts"
   fi
 fi

@@ -1,11 +1,15 @@
 """benchmarks/h200_collect.sh, the copy that brings a device run's results back in every polling
 call (a lent machine given back loses everything on it): within a call's return limits (8 files,
 16 MiB each), the weights whole or in parts that join to the original, and the card, logs and the
-data's generated rows (not the read corpus rows) in one archive."""
+data's generated rows (not the read corpus rows) in one archive; a head too large for one call comes
+back over several, and benchmarks/join_parts.py joins the parts of one version only."""
 
+import hashlib
+import importlib.util
 import json
 import os
 import shutil
+import struct
 import subprocess
 import tarfile
 import uuid
@@ -13,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "h200_collect.sh"
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPT = BENCH / "h200_collect.sh"
+_spec = importlib.util.spec_from_file_location("join_parts", BENCH / "join_parts.py")
+_join = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_join)
+join_parts, JoinError = _join.join_parts, _join.JoinError
 
 
 @pytest.fixture
@@ -46,8 +55,10 @@ def test_collect_returns_head_logs_and_generated_rows(run_dir, tmp_path):
     collect(name, out)
     returned = sorted(p.name for p in out.iterdir())
     assert len(returned) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in out.iterdir())
-    parts = sorted(p for p in out.iterdir() if p.name.startswith("model.safetensors.part"))
+    parts = sorted(out.glob("model.safetensors.part[0-9]*"))
     assert len(parts) == 2 and b"".join(p.read_bytes() for p in parts) == weights
+    assert _join.read_manifest(out / "model.safetensors.parts") == {
+        "sha256": hashlib.sha256(weights).hexdigest(), "parts": 2, "size": len(weights)}
     assert json.loads((out / "config.json").read_text()) == {"block_size": 5}
     with tarfile.open(out / "results.tar.gz") as tar:
         assert sorted(tar.getnames()) == ["README.md", "distill.log", "generated.jsonl"]
@@ -59,3 +70,86 @@ def test_collect_before_anything_exists_returns_nothing_and_succeeds(run_dir, tm
     name, _ = run_dir
     collect(name, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def _safetensors(n: int) -> bytes:
+    """A valid safetensors file of one n-byte tensor (what join_parts checks the header of)."""
+    header = json.dumps({"w": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + os.urandom(n)
+
+
+def _parts(out):
+    return sorted(p.name.removeprefix("model.safetensors.part") for p in out.glob("model.safetensors.part[0-9]*"))
+
+
+def test_large_head_comes_back_over_several_polls_and_joins(run_dir, tmp_path):
+    # The ninth round's Qwen head was 103 MB (7 parts) and the old script returned parts 00-02
+    # unless told otherwise: 05 and 06 never came back. Now each poll brings the parts not yet
+    # returned of the current version, and says which are still to fetch.
+    name, run = run_dir
+    (run / "config.json").write_text('{"block_size": 8}')
+    weights = _safetensors(50_000_000)  # 4 parts of 15 MB, over the 45 MB one call carries
+    (run / "model.safetensors").write_bytes(weights)
+    outs = []
+    for i in range(3):
+        out = tmp_path / f"call{i}"
+        out.mkdir()
+        said = collect(name, out)
+        outs.append(out)
+        assert len(list(out.iterdir())) <= 8 and sum(p.stat().st_size for p in out.iterdir()) <= 64 * 2**20
+        if i == 0:
+            assert _parts(out) == ["00", "01", "02"] and "STILL TO FETCH: 03" in said
+        elif i == 1:
+            assert _parts(out) == ["03"] and "all 4 parts returned" in said
+        else:
+            assert _parts(out) == [] and "all 4 parts returned" in said
+    head = join_parts(tmp_path / "head", outs)
+    assert head.read_bytes() == weights
+    assert json.loads((tmp_path / "head" / "config.json").read_text()) == {"block_size": 8}
+
+
+def test_new_checkpoint_restarts_the_parts_and_join_takes_one_version(run_dir, tmp_path):
+    name, run = run_dir
+    old, new = _safetensors(50_000_000), _safetensors(50_000_000)
+    (run / "model.safetensors").write_bytes(old)
+    first = tmp_path / "first"
+    first.mkdir()
+    collect(name, first)  # parts 00-02 of the old version
+    (run / "model.safetensors").write_bytes(new)  # a checkpoint in between
+    second, third = tmp_path / "second", tmp_path / "third"
+    second.mkdir()
+    third.mkdir()
+    assert "STILL TO FETCH: 03" in collect(name, second)  # starts again at 00 for the new version
+    assert _parts(second) == ["00", "01", "02"]
+    # The old parts are never mixed in: with only the first two calls, part 03 is missing.
+    with pytest.raises(JoinError, match="parts 03 of version"):
+        join_parts(tmp_path / "head", [first, second])
+    collect(name, third)
+    assert join_parts(tmp_path / "head", [first, second, third]).read_bytes() == new
+
+
+def test_join_refuses_a_damaged_part_and_a_cut_file(tmp_path):
+    whole = _safetensors(40_000_000)
+    d = tmp_path / "call"
+    d.mkdir()
+    for i in range(0, len(whole), 15_000_000):
+        (d / f"model.safetensors.part{i // 15_000_000:02d}").write_bytes(whole[i : i + 15_000_000])
+    manifest = f"sha256 {hashlib.sha256(whole).hexdigest()}\nparts 3\nsize {len(whole)}\n"
+    (d / "model.safetensors.parts").write_text(manifest)
+    assert join_parts(tmp_path / "ok", [d]).read_bytes() == whole
+    damaged = bytearray((d / "model.safetensors.part01").read_bytes())
+    damaged[5] ^= 1
+    (d / "model.safetensors.part01").write_bytes(bytes(damaged))
+    with pytest.raises(JoinError, match="damaged"):
+        join_parts(tmp_path / "bad", [d])
+    # A file cut short on the device (sha256 of the cut copy) is caught by its own header.
+    cut = whole[:-1000]
+    for p in d.glob("model.safetensors.part[0-9]*"):
+        p.unlink()
+    (d / "model.safetensors.part00").write_bytes(cut)
+    (d / "model.safetensors.parts").write_text(f"sha256 {hashlib.sha256(cut).hexdigest()}\nparts 1\nsize {len(cut)}\n")
+    with pytest.raises(JoinError, match="header ends at"):
+        join_parts(tmp_path / "cut", [d])
+    with pytest.raises(JoinError, match="none of the folders"):
+        join_parts(tmp_path / "none", [tmp_path / "ok"])

@@ -101,6 +101,10 @@ def test_a_run_that_dies_leaves_the_last_checkpoint_as_a_loadable_head(tiny_dirs
     with pytest.raises(RuntimeError, match="machine gone"):
         distill(config(tiny_dirs["qwen3"], out, steps=30, eval_every=100), progress=False, say=lambda m: None)
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 10
+    # Saved beside and renamed into place (a poll copying it mid-save gets a whole file): nothing
+    # of the save is left over, and the folder's only weights are the head's.
+    assert [p.name for p in out.glob("*.safetensors")] == ["model.safetensors"]
+    assert not list(out.glob(".saving-*"))
     target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], out)
     p = PROMPTS[0]
     r = speculative_generate(target, tok, drafter, p, max_new_tokens=16, max_draft_tokens=3)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -416,7 +417,13 @@ def _init_from(head: DSparkHead, c: DSparkConfig, src: Path) -> None:
 
 def _save_head(head: DSparkHead, path: Path, dtype: str = "float32") -> None:
     weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(head.parameters())}
-    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
+    # Written beside and renamed into place: a reader that copies the head while a checkpoint is
+    # saved (h200_collect.sh polls a running distill) gets the previous file whole, never half.
+    # (In a folder of its own, so no glob for *.safetensors in the head's folder ever sees it.)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".saving-") as tmp:
+        partial = Path(tmp) / path.name
+        mx.save_safetensors(str(partial), weights, metadata={"format": "mlx"})
+        partial.replace(path)
 
 
 def _save_loadable(head: DSparkHead, c: DSparkConfig, target: Target, out: Path, dtype: str) -> None:

@@ -1,0 +1,57 @@
+"""benchmarks/synthetic_prompts.py: generated math and code requests for distill data. They must be
+reproducible (the ninth round's math file is remade by its seed), distinct, readable by the prompt
+loader, and never a held-out built-in prompt."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from dspark_lab.lab.prompts import load_prompt_set
+
+_spec = importlib.util.spec_from_file_location("synthetic_prompts", Path(__file__).resolve().parents[1] / "benchmarks" / "synthetic_prompts.py")
+synth = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synth)
+
+
+def _text(row):
+    return row.get("text") or row["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("kind", ["math", "code"])
+def test_prompts_are_reproducible_distinct_and_load(kind, tmp_path):
+    make = synth.synthetic_math_prompts if kind == "math" else synth.synthetic_code_prompts
+    rows = make(400, seed=3)
+    assert rows == make(400, seed=3) and rows != make(400, seed=4)
+    assert len({_text(r) for r in rows}) == 400 and len({r["id"] for r in rows}) == 400
+    path = tmp_path / f"{kind}_synth.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ps = load_prompt_set(str(path))
+    assert len(ps.prompts) == 400 and {p.domain for p in ps.prompts} == {kind}
+
+
+@pytest.mark.parametrize("kind", ["math", "code"])
+def test_no_generated_prompt_is_a_held_out_one(kind):
+    make = synth.synthetic_math_prompts if kind == "math" else synth.synthetic_code_prompts
+    held = synth.builtin_texts(kind)
+    assert held and not held & {_text(r) for r in make(2000, seed=0, exclude=held)}
+    # The exclusion works: forbid what one run made, and a rerun makes none of it.
+    first = {_text(r) for r in make(50, seed=0)}
+    assert not first & {_text(r) for r in make(50, seed=0, exclude=first)}
+
+
+def test_math_problems_state_consistent_numbers():
+    # The change problems once asked for change from a bill smaller than the cost.
+    import re
+
+    for r in synth.synthetic_math_prompts(3000, seed=1):
+        m = re.search(r"buys (\d+) notebooks at \$(\d+)\.(\d\d) each and pays with a \$(\d+) bill", _text(r))
+        if m:
+            count, dollars, cents, bill = map(int, m.groups())
+            assert count * (100 * dollars + cents) <= 100 * bill
+
+
+def test_asking_for_more_code_prompts_than_exist_is_a_clear_error():
+    with pytest.raises(ValueError, match="more than the distinct code prompts"):
+        synth.synthetic_code_prompts(10**6)
