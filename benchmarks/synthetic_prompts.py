@@ -6,9 +6,10 @@ The built-in sets are held out for evaluation, and PyPI carries no math corpus a
 - `--kind math`: problem *families* (rates, percentages, equations, areas, probability, ...) with
   random names and numbers, GSM8K-style; half ask for the step-by-step format with a final
   "Answer:" line.
-- `--kind code`: programming tasks (strings, lists, graphs, parsing, ...) asked for in one of ten
+- `--kind code`: programming tasks (strings, lists, graphs, parsing, ...) asked for in one of nine
   languages, as a function to write, a thing to implement or a how-to question, with an optional
-  extra (example calls, unit tests, complexity, edge cases).
+  extra (example calls, unit tests, complexity, edge cases); and, in about one in six, a SQL
+  query or a shell script.
 
 The target's own answers to these are what the head learns from (`distill --prompts FILE`, or
 `GEN_PROMPTS` in benchmarks/h200_corpus_heads.sh). A generated text equal to a built-in prompt is
@@ -153,6 +154,36 @@ CODE_TASKS = [
     ("histogram", "prints a text histogram of how often each value occurs in a list"),
     ("spiral_order", "returns the elements of a matrix in spiral order"),
 ]
+# Queries and shell scripts, asked for as such (their own phrasings below).
+EMP, ORD = "employees(id, name, department, salary, hired_at)", "orders(id, customer_id, amount, created_at)"
+SQL_TASKS = [  # (table, what the query returns)
+    (EMP, "lists each department with its number of employees and its average salary, largest department first"),
+    (EMP, "returns the second highest salary in each department"),
+    (EMP, "finds the employees hired in the same month as their department's longest-serving colleague"),
+    (ORD, "finds the customers who placed no order in the last 30 days"),
+    (ORD, "computes a running total of the order amounts per day"),
+    (ORD, "counts the orders per weekday and per hour of the day"),
+    (ORD, "shows the customers whose total spending is above the average customer's"),
+    ("users(id, email, created_at)", "finds duplicate email addresses and how often each occurs"),
+    ("users(id, email, created_at)", "deletes all but the newest row for each email"),
+    ("logins(user_id, logged_in_at)", "finds the users who logged in on three consecutive days"),
+    ("sales(day, region, revenue)", "pivots yearly revenue per region into one column per year"),
+    ("scores(student_id, class_id, score)", "ranks the students in each class by their score, ties sharing a rank"),
+]
+SHELL_TASKS = [
+    "renames every .jpeg file in a directory to .jpg",
+    "prints the ten most frequent IP addresses in an nginx access log",
+    "backs up a directory to a dated tar.gz archive and keeps only the last seven archives",
+    "checks whether a list of hosts answers ping and prints the ones that do not",
+    "counts the lines of code per file extension in a git repository",
+    "watches a log file and prints every line that contains ERROR with a timestamp",
+    "replaces a string in every .txt file under a directory, keeping a backup of each",
+    "prints the disk usage of each subdirectory, sorted, in human-readable form",
+    "downloads a list of URLs from a file, three at a time, retrying failures once",
+    "converts every CSV file in a folder to TSV",
+    "kills every process of the current user that has used more than an hour of CPU",
+    "splits a large file into 100 MB pieces and prints their checksums",
+]
 CODE_LANGS = ["Python", "Python", "Python", "JavaScript", "TypeScript", "Go", "Rust", "C", "C++", "Java"]
 CODE_EXTRAS = ["", " Include a few example calls.", " Add unit tests.", " Explain the time and space complexity.",
                " Handle edge cases such as empty input.", " Add comments that explain each step."]
@@ -172,13 +203,23 @@ def synthetic_code_prompts(n: int, seed: int = 0, exclude: set[str] = frozenset(
     if n > len(CODE_TASKS) * len(set(CODE_LANGS)) * len(CODE_EXTRAS) * 3:
         raise ValueError(f"--n {n} is more than the distinct code prompts this generator can make.")
     while len(out) < n:
-        name, task = r.choice(CODE_TASKS)
-        lang, extra = r.choice(CODE_LANGS), r.choice(CODE_EXTRAS)
-        text = r.choice([
-            f"Write a {lang} function `{_code_name(name, lang)}` that {task}.{extra}",
-            f"In {lang}, write code that {task}.{extra}",
-            f"How would you write a {lang} program that {task}?{extra}",
-        ])
+        kind = r.random()
+        extra = r.choice(["", " Explain each part.", " Add comments that explain each step."])
+        if kind < 0.08:
+            table, task = r.choice(SQL_TASKS)
+            text = r.choice([f"Given a table `{table}`, write a SQL query that {task}.{extra}",
+                             f"Write a PostgreSQL query over `{table}` that {task}.{extra}"])
+        elif kind < 0.16:
+            text = r.choice([f"Write a bash script that {r.choice(SHELL_TASKS)}.{extra}",
+                             f"How do I write a shell script that {r.choice(SHELL_TASKS)}?{extra}"])
+        else:
+            name, task = r.choice(CODE_TASKS)
+            lang, extra = r.choice(CODE_LANGS), r.choice(CODE_EXTRAS)
+            text = r.choice([
+                f"Write a {lang} function `{_code_name(name, lang)}` that {task}.{extra}",
+                f"In {lang}, write code that {task}.{extra}",
+                f"How would you write a {lang} program that {task}?{extra}",
+            ])
         if text in seen:
             continue
         seen.add(text)
