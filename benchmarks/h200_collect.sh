@@ -43,7 +43,7 @@ if [ -f "$weights" ]; then
       send=$(for p in $all; do grep -qx "$p" "$state" || echo "$p"; done | tr '\n' ' ')
       [ "$size" -gt 45000000 ] && send=$(echo $send | cut -d' ' -f1-3)
     fi
-    for p in $send; do cp "$parts/model.safetensors.part$p" "$out/"; echo "$p" >> "$state"; done
+    for p in $send; do cp "$parts/model.safetensors.part$p" "$out/" && echo "$p" >> "$state"; done
     left=$(for p in $all; do grep -qx "$p" "$state" || echo "$p"; done | tr '\n' ' ')
     if [ -z "$left" ]; then
       echo "weights: all $count parts returned (sha256 $sum); this call: ${send:-none}"
