@@ -85,3 +85,28 @@ def test_chain_agreement_counts_where_text_leaves_the_targets_path(tiny_dirs, tm
     bent = r["corpus:sharegpt"]
     assert bent["text_follows_target"] < 1.0 and bent["slots_kept"][0] == 1.0
     assert bent["slots_kept"] == sorted(bent["slots_kept"], reverse=True) and bent["slots_kept"][3] < 1.0
+
+
+def test_distill_step_benchmark_splits_a_real_training_step(tiny_dirs, tmp_path):
+    """benchmarks/distill_step.py (which anchor count a step affords): one row per anchor count,
+    the target's forward and the head's step both measured, a finite loss, and more anchors
+    needing more memory."""
+    import gzip
+    import json
+    import random
+
+    mod = _benchmark("distill_step")
+    rng = random.Random(0)
+    rows = [{"ids": [rng.randrange(1, 200) for _ in range(rng.randrange(80, 120))], "prompt_len": 10, "generation": "corpus"}
+            for _ in range(20)]
+    data = tmp_path / "data.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    out = mod.main(["--model", str(tiny_dirs["qwen3"]), "--data", str(data), "--seqs", "2", "--anchors", "4,64",
+                    "--block", "4", "--layers", "1", "--markov-rank", "8", "--max-len", "128", "--steps", "1",
+                    "--json", str(tmp_path / "r.json")])
+    assert [r["anchors"] for r in out] == [4, 64]
+    for r in out:
+        assert r["target_forward_ms"] > 0 and r["head_step_ms"] > 0 and 0 < r["loss"] < 50
+    assert out[1]["peak_bytes"] > out[0]["peak_bytes"]
+    assert json.loads((tmp_path / "r.json").read_text())["rows"] == out

@@ -1,0 +1,112 @@
+"""Time one distill training step, split into the target's forward and the head's step, and its
+peak memory, for several anchor counts: how many anchors a step can afford on this machine.
+
+    python benchmarks/distill_step.py --model MODEL --data DIR/data.jsonl(.gz) --seqs 8 --anchors 512,2048 \
+        --block 8 --layers 2 --markov-rank 64 [--max-len 1024] [--steps 3] [--json OUT.json]
+
+A step is distill's own: `_training_batch` draws the sequences and anchors, the target's tapped
+forward gives the taps and its greedy labels, `block_loss` (chained slots) with its gradient and an
+AdamW update train the head. Every part is evaluated on its own (mx.eval), after one warm-up step
+per anchor count, so the split is exact and the total is a little above distill's (which lets the
+two overlap). The same seeded sequences are drawn for every anchor count. Peak memory is MLX's
+(`mx.get_peak_memory`, reset per anchor count): what the step needs of the GPU, or of RAM on a CPU.
+Of the time, what matters is the ratio: anchors trained per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+import mlx.optimizers as optim  # noqa: E402
+
+from dspark_lab.engine.drafters.dspark import DSparkHead  # noqa: E402
+from dspark_lab.engine.loading import load_target  # noqa: E402
+from dspark_lab.lab.distill import DistillConfig, _training_batch, block_loss, dense_lm_head, head_config  # noqa: E402
+from dspark_lab.lab.prompts.public import open_text  # noqa: E402
+
+
+def read_rows(path: Path, limit: int) -> list[dict]:
+    rows = []
+    with open_text(path) as f:
+        for line in f:
+            if line.strip():
+                rows.append(json.loads(line))
+                if len(rows) >= limit:
+                    break
+    return rows
+
+
+def measure(target, c, lm_head, data, cfg: DistillConfig, steps: int) -> dict:
+    head = DSparkHead(c, target.hidden_size)
+    mx.eval(head.parameters())
+    optimizer = optim.AdamW(learning_rate=1e-4, weight_decay=0.0)
+    loss_and_grad = nn.value_and_grad(
+        head, lambda h, t, x, a, n, y: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots))
+    rng = random.Random(cfg.seed)
+    fwd, train, loss = [], [], None
+    mx.reset_peak_memory()
+    for i in range(steps + 1):  # the first is the warm-up (compiles kernels for the shapes)
+        batch = None
+        while batch is None:
+            batch = _training_batch(data, rng, cfg)
+        ids, lengths, anchors = batch
+        t0 = time.perf_counter()
+        taps, labels = target.taps_and_predictions(ids, c.target_layer_ids)
+        taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
+        mx.eval(taps_cat, labels)
+        t1 = time.perf_counter()
+        loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, labels)
+        optimizer.update(head, grads)
+        mx.eval(head.parameters(), optimizer.state, loss)
+        t2 = time.perf_counter()
+        if i:
+            fwd.append(t1 - t0)
+            train.append(t2 - t1)
+    f, t = statistics.median(fwd), statistics.median(train)
+    return {"anchors": cfg.anchors, "seqs": cfg.seqs, "target_forward_ms": round(1e3 * f, 1), "head_step_ms": round(1e3 * t, 1),
+            "step_ms": round(1e3 * (f + t), 1), "anchors_per_s": round(cfg.anchors / (f + t), 1),
+            "peak_bytes": mx.get_peak_memory(), "loss": round(loss.item(), 3)}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--data", type=Path, required=True, help="a distill data.jsonl (or .jsonl.gz)")
+    ap.add_argument("--rows", type=int, default=2000, help="rows read from the data file (drawn from at random)")
+    ap.add_argument("--seqs", type=int, default=8)
+    ap.add_argument("--anchors", default="512,2048", help="total anchors per step, comma-separated")
+    ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--markov-rank", type=int, default=64)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per anchor count (after one warm-up)")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    target, _ = load_target(a.model)
+    data = read_rows(a.data, a.rows)
+    results = []
+    for n in (int(x) for x in a.anchors.split(",")):
+        cfg = DistillConfig(model=a.model, out="", block=a.block, layers=a.layers, markov_rank=a.markov_rank, anchors=n,
+                            seqs=a.seqs, max_len=a.max_len, tokens=1)
+        c = head_config(target, cfg)
+        r = measure(target, c, dense_lm_head(target), data, cfg, a.steps)
+        results.append(r)
+        print(f"anchors {n:5d} ({a.seqs} x {n // a.seqs}): target forward {r['target_forward_ms']:8.1f} ms, head step "
+              f"{r['head_step_ms']:8.1f} ms, {r['anchors_per_s']:8.1f} anchors/s, peak {r['peak_bytes'] / 2**30:.2f} GB", flush=True)
+    if a.json:
+        a.json.write_text(json.dumps({"model": a.model, "device": str(mx.default_device()), "rows": results}, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
