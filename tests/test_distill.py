@@ -376,6 +376,50 @@ def test_chained_slots_train_only_on_the_targets_own_path(tiny_dirs, trained):
     assert chained[1].item() >= slot0  # slot 0 of every anchor always counts
 
 
+def test_projecting_only_the_labelled_slots_gives_the_same_loss_and_gradient(tiny_dirs, trained):
+    """distill projects to the vocabulary only the block slots that carry a label
+    (`labelled_rows`: with chained slots, most late slots of read text carry none, and sequences
+    end in unlabelled padding anchors). Same loss, same gradient as projecting every slot, on a
+    batch of two sequences where the text leaves the target's path and one is padded."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from dspark_lab.lab.distill import block_loss, labelled_rows, slot_targets
+
+    target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], trained, drafter_bits=16)
+    c, t = drafter.config, drafter.config.target_layer_ids
+    rows = [json.loads(line) for line in (trained / "data.jsonl").read_text().splitlines()][:2]
+    seqs = [list(r["ids"]) for r in rows]
+    for s_ in seqs:
+        for at in (rows[0]["prompt_len"] + 2, rows[0]["prompt_len"] + 7):
+            if at < len(s_):
+                s_[at] = (s_[at] + 1) % target.vocab_size
+    width = max(len(s_) for s_ in seqs) + 5
+    x = mx.array([s_ + [s_[-1]] * (width - len(s_)) for s_ in seqs], dtype=mx.uint32)
+    lengths = mx.array([len(s_) for s_ in seqs], dtype=mx.int32)
+    k = min(len(s_) for s_ in seqs) - 2
+    anchors = mx.array([list(range(1, 1 + k - 3)) + [len(s_)] * 3 for s_ in seqs], dtype=mx.int32)  # 3 padding anchors each
+    taps, preds = target.taps_and_predictions(x, t)
+    cat = mx.concatenate([taps[j] for j in t], axis=-1)
+    weight = slot_targets(c, x, anchors, lengths, 0.8, preds, True)[2]
+    picked = labelled_rows(weight, multiple=16)
+    assert int(picked[1].sum().item()) == int((weight > 0).sum().item()) < weight.size  # some slots have no label
+    assert picked[0].size % 16 == 0 or picked[0].size == weight.size
+
+    def loss_grad(r):
+        f = nn.value_and_grad(drafter.head, lambda h: block_loss(h, c, target.embed, target.head_logits, cat, x, anchors, lengths, 0.8, preds, True, r))
+        loss, grads = f(drafter.head)
+        return loss.item(), dict(tree_flatten(grads))
+
+    full_loss, full_grads = loss_grad(None)
+    part_loss, part_grads = loss_grad(picked)
+    assert part_loss == pytest.approx(full_loss, rel=1e-5)
+    assert full_grads.keys() == part_grads.keys()
+    for name, g in full_grads.items():
+        assert mx.allclose(part_grads[name], g, rtol=1e-4, atol=1e-6).item(), name
+
+
 def _sharegpt(path, n=12):
     convs = [{"id": f"c{i}", "conversations": [
         {"from": "human", "value": f"Question {i}: what is {i} plus {i}?"},

@@ -5,6 +5,8 @@ operations); launch_overlap runs every arm and finds the outputs identical at ev
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from dspark_lab.tiny import build_tiny_dspark
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -105,8 +107,11 @@ def test_distill_step_benchmark_splits_a_real_training_step(tiny_dirs, tmp_path)
     out = mod.main(["--model", str(tiny_dirs["qwen3"]), "--data", str(data), "--seqs", "2", "--anchors", "4,64",
                     "--block", "4", "--layers", "1", "--markov-rank", "8", "--max-len", "128", "--steps", "1",
                     "--json", str(tmp_path / "r.json")])
-    assert [r["anchors"] for r in out] == [4, 64]
+    assert [(r["anchors"], r["gather"]) for r in out] == [(4, False), (4, True), (64, False), (64, True)]
     for r in out:
         assert r["target_forward_ms"] > 0 and r["head_step_ms"] > 0 and 0 < r["loss"] < 50
-    assert out[1]["peak_bytes"] > out[0]["peak_bytes"]
+    for full, gathered in (out[:2], out[2:]):  # same head, same batches: the same loss either way
+        assert gathered["loss"] == pytest.approx(full["loss"], abs=2e-3)
+        assert 0 < gathered["labelled_slots"] <= gathered["slots"]
+    assert out[2]["peak_bytes"] > out[0]["peak_bytes"]
     assert json.loads((tmp_path / "r.json").read_text())["rows"] == out

@@ -277,8 +277,54 @@ def _block_forward(head: DSparkHead, c: DSparkConfig, embed, ctx: mx.array, toke
     return head.norm(h).reshape(B, A, bs, -1)
 
 
+def slot_targets(c: DSparkConfig, tokens, anchors, length=None, slot_decay: float = 1.0, labels=None, chain: bool = False):
+    """(targets, prev, weight), each (B, A, block): every block slot's label, the token the
+    Markov term is fed before it, and the slot's weight in the loss (0 where it has no label).
+    Data only (tokens, labels, anchors): no head involved, so a step can know its labelled slots
+    before the head runs. The rules are `block_loss_terms`'s."""
+    B, L, bs = tokens.shape[0], tokens.shape[1], c.block_size
+    pos = anchors[..., None] + mx.arange(bs)  # (B, A, bs): position of each slot's previous token
+    limit = L if length is None else length[:, None, None]
+    at = lambda src, p: mx.take_along_axis(src, mx.minimum(p, L - 1).reshape(B, -1), axis=1).reshape(p.shape)  # noqa: E731
+    if labels is None:
+        valid = (pos + 1) < limit
+        targets, prev = at(tokens, pos + 1), at(tokens, pos)
+    else:
+        valid = pos < limit  # a label exists after every real position, the last one too
+        targets = at(labels, pos)
+        prev = mx.concatenate([at(tokens, pos[..., :1]), at(labels, pos[..., :-1])], axis=-1)
+    if labels is not None and chain:
+        follows = mx.cumprod((at(tokens, pos + 1) == targets).astype(mx.float32), axis=-1)  # slots 0..k on the target's path
+        valid = valid * mx.concatenate([mx.ones_like(follows[..., :1]), follows[..., :-1]], axis=-1)
+    return targets, prev, valid * (slot_decay ** mx.arange(bs, dtype=mx.float32))
+
+
+def labelled_rows(weight: mx.array, multiple: int = 256) -> tuple[mx.array, mx.array]:
+    """The flat indices of the block slots that carry weight, padded to a multiple of `multiple`
+    (few distinct shapes: on CUDA each new shape compiles its kernels first), and a 0/1 mask
+    that is 0 on the padding. With chained slots most late slots of read text have no label;
+    the vocabulary projection, the costliest part of the head's step, then runs only on these."""
+    import numpy as np
+
+    flat = np.flatnonzero(np.array(weight.reshape(-1)) > 0)
+    n = max(len(flat), 1)
+    width = min(n + (-n % multiple), weight.size)
+    rows = np.zeros(width, dtype=np.int32)
+    rows[: len(flat)] = flat
+    keep = (np.arange(width) < len(flat)).astype(np.float32)
+    return mx.array(rows), mx.array(keep)
+
+
+def step_rows(c: DSparkConfig, cfg: DistillConfig, taps_cat, ids, anchors, lengths, labels) -> tuple[mx.array, mx.array]:
+    """A training step's labelled slots (`labelled_rows`), known once the target's forward has
+    run: it is evaluated here (with the taps, which the head's step reads next)."""
+    weight = slot_targets(c, ids, anchors, lengths, cfg.slot_decay, labels, cfg.chain_slots)[2]
+    mx.eval(taps_cat, weight)
+    return labelled_rows(weight)
+
+
 def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None,
-                     slot_decay: float = 1.0, labels=None, chain: bool = False) -> tuple[mx.array, mx.array]:
+                     slot_decay: float = 1.0, labels=None, chain: bool = False, rows=None) -> tuple[mx.array, mx.array]:
     """(sum of weighted cross-entropies, sum of weights) of every block slot's prediction,
     slot k weighted by slot_decay**k: a draft is accepted only up to its first miss, so the
     early slots are worth more than the late ones.
@@ -298,6 +344,10 @@ def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat
     inference never meets (the head sees only masks there, so it cannot tell). Slot 0 always
     counts; on the target's own greedy output every slot does.
 
+    `rows` (from `labelled_rows`: flat slot indices and their 0/1 padding mask): project only
+    those slots to the vocabulary. Slots without weight add nothing to the loss or its gradient,
+    so the result is the same (up to summation order) at a fraction of the cost.
+
     One sequence: taps_cat (L, T*H), tokens (L,), anchors (A,), length an int. A batch:
     taps_cat (B, L, T*H), tokens (B, L), anchors (B, A), length (B,). Tokens may be padded past
     their length: padding is never a target, and no anchor's context reaches it (context rows
@@ -306,34 +356,24 @@ def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat
         tokens, taps_cat, anchors = tokens[None], taps_cat[None], anchors[None]
         labels = None if labels is None else labels[None]
         length = None if length is None else mx.array([length])
-    B, L, bs = tokens.shape[0], tokens.shape[1], c.block_size
     ctx = head.hidden_norm(head.fc(taps_cat))
-    hidden = _block_forward(head, c, embed, ctx, tokens, anchors)
-    logits = lm_head(hidden).astype(mx.float32)  # (B, A, bs, V)
-    pos = anchors[..., None] + mx.arange(bs)  # (B, A, bs): position of each slot's previous token
-    limit = L if length is None else length[:, None, None]
-    at = lambda src, p: mx.take_along_axis(src, mx.minimum(p, L - 1).reshape(B, -1), axis=1).reshape(p.shape)  # noqa: E731
-    if labels is None:
-        valid = (pos + 1) < limit
-        targets, prev = at(tokens, pos + 1), at(tokens, pos)
-    else:
-        valid = pos < limit  # a label exists after every real position, the last one too
-        targets = at(labels, pos)
-        prev = mx.concatenate([at(tokens, pos[..., :1]), at(labels, pos[..., :-1])], axis=-1)
+    hidden = _block_forward(head, c, embed, ctx, tokens, anchors)  # (B, A, bs, H)
+    targets, prev, weight = slot_targets(c, tokens, anchors, length, slot_decay, labels, chain)
+    if rows is not None:
+        index, keep = rows
+        hidden = hidden.reshape(-1, hidden.shape[-1])[index]
+        targets, prev, weight = targets.reshape(-1)[index], prev.reshape(-1)[index], weight.reshape(-1)[index] * keep
+    logits = lm_head(hidden).astype(mx.float32)  # (B, A, bs, V), or (rows, V)
     if c.markov_rank:
         logits = logits + head.markov_head.markov_w2(head.markov_head.markov_w1(prev))
-    if labels is not None and chain:
-        follows = mx.cumprod((at(tokens, pos + 1) == targets).astype(mx.float32), axis=-1)  # slots 0..k on the target's path
-        valid = valid * mx.concatenate([mx.ones_like(follows[..., :1]), follows[..., :-1]], axis=-1)
     ce = nn.losses.cross_entropy(logits, targets, reduction="none")
-    weight = valid * (slot_decay ** mx.arange(bs, dtype=mx.float32))
     return (ce * weight).sum(), weight.sum()
 
 
 def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None, slot_decay: float = 1.0,
-               labels=None, chain: bool = False):
+               labels=None, chain: bool = False, rows=None):
     """Weighted mean cross-entropy of the block predictions (see `block_loss_terms`)."""
-    total, weight = block_loss_terms(head, c, embed, lm_head, taps_cat, tokens, anchors, length, slot_decay, labels, chain)
+    total, weight = block_loss_terms(head, c, embed, lm_head, taps_cat, tokens, anchors, length, slot_decay, labels, chain, rows)
     return total / mx.maximum(weight, 1e-6)
 
 
@@ -504,7 +544,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     mx.eval(head.parameters())
     lm_head = dense_lm_head(target)
     loss_and_grad = nn.value_and_grad(
-        head, lambda h, t, x, a, n, y: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots))
+        head, lambda h, t, x, a, n, y, r: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots, r))
     log = (out / "train_log.jsonl").open("a")
     cap = min(c.max_drafts, 7)
     rng = __import__("random").Random(cfg.seed + step)
@@ -524,7 +564,8 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
             else:
                 taps, labels = target.taps_batch(ids, c.target_layer_ids), None
             taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
-            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, labels)
+            rows = step_rows(c, cfg, taps_cat, ids, anchors, lengths, labels)
+            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, labels, rows)
             optimizer.learning_rate = learning_rate(cfg, step, time.perf_counter() - t0)
             optimizer.update(head, grads)
             mx.eval(head.parameters(), optimizer.state, loss)
