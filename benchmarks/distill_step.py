@@ -4,9 +4,9 @@ peak memory, for several anchor counts: how many anchors a step can afford on th
     python benchmarks/distill_step.py --model MODEL --data DIR/data.jsonl(.gz) --seqs 8 --anchors 512,2048 \
         --block 8 --layers 2 --markov-rank 64 [--max-len 1024] [--steps 3] [--json OUT.json]
 
-A step is distill's own: `_training_batch` draws the sequences and anchors, the target's tapped
-forward gives the taps and its greedy labels, `block_loss` (chained slots) with its gradient and an
-AdamW update train the head. Every part is evaluated on its own (mx.eval), after one warm-up step
+A step is distill's own: `_training_batch` draws the sequences and anchors, `step_inputs` runs the
+target's tapped forward (taps and greedy labels), `head_loss_and_grad` (chained slots) and an AdamW
+update train the head. Every part is evaluated on its own (mx.eval), after one warm-up step
 per anchor count, so the split is exact and the total is a little above distill's (which lets the
 two overlap). The same seeded sequences are drawn for every anchor count. Peak memory is MLX's
 (`mx.get_peak_memory`, reset per anchor count): what the step needs of the GPU, or of RAM on a CPU.
@@ -29,12 +29,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import mlx.core as mx  # noqa: E402
-import mlx.nn as nn  # noqa: E402
 import mlx.optimizers as optim  # noqa: E402
 
 from dspark_lab.engine.drafters.dspark import DSparkHead  # noqa: E402
 from dspark_lab.engine.loading import load_target  # noqa: E402
-from dspark_lab.lab.distill import DistillConfig, _training_batch, block_loss, dense_lm_head, head_config, step_rows  # noqa: E402
+from dspark_lab.lab.distill import DistillConfig, _training_batch, dense_lm_head, head_config, head_loss_and_grad, step_inputs  # noqa: E402
 from dspark_lab.lab.prompts.public import open_text  # noqa: E402
 
 
@@ -54,8 +53,7 @@ def measure(target, c, lm_head, data, cfg: DistillConfig, steps: int, gather: bo
     head = DSparkHead(c, target.hidden_size)
     mx.eval(head.parameters())
     optimizer = optim.AdamW(learning_rate=1e-4, weight_decay=0.0)
-    loss_and_grad = nn.value_and_grad(
-        head, lambda h, t, x, a, n, y, r: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots, r))
+    loss_and_grad = head_loss_and_grad(head, c, target, lm_head, cfg)
     rng = random.Random(cfg.seed)
     fwd, train, loss = [], [], None
     mx.reset_peak_memory()
@@ -65,10 +63,7 @@ def measure(target, c, lm_head, data, cfg: DistillConfig, steps: int, gather: bo
             batch = _training_batch(data, rng, cfg)
         ids, lengths, anchors = batch
         t0 = time.perf_counter()
-        taps, labels = target.taps_and_predictions(ids, c.target_layer_ids)
-        taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
-        rows = step_rows(c, cfg, taps_cat, ids, anchors, lengths, labels) if gather else None
-        mx.eval(taps_cat, labels)
+        taps_cat, labels, rows = step_inputs(target, c, cfg, ids, anchors, lengths, gather)
         t1 = time.perf_counter()
         loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, labels, rows)
         optimizer.update(head, grads)

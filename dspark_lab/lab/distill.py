@@ -315,12 +315,29 @@ def labelled_rows(weight: mx.array, multiple: int = 256) -> tuple[mx.array, mx.a
     return mx.array(rows), mx.array(keep)
 
 
-def step_rows(c: DSparkConfig, cfg: DistillConfig, taps_cat, ids, anchors, lengths, labels) -> tuple[mx.array, mx.array]:
-    """A training step's labelled slots (`labelled_rows`), known once the target's forward has
-    run: it is evaluated here (with the taps, which the head's step reads next)."""
+def step_inputs(target: Target, c: DSparkConfig, cfg: DistillConfig, ids, anchors, lengths, gather: bool = True):
+    """The target's side of a training step, evaluated: (taps_cat, labels, rows). labels are the
+    target's greedy predictions (None with --labels data); rows the step's labelled slots
+    (`labelled_rows`), known only once the target's forward has run, or None with gather=False
+    (every slot projected; benchmarks/distill_step.py compares the two)."""
+    if cfg.labels == "target":
+        taps, labels = target.taps_and_predictions(ids, c.target_layer_ids)
+    else:
+        taps, labels = target.taps_batch(ids, c.target_layer_ids), None
+    taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
+    if not gather:
+        mx.eval([a for a in (taps_cat, labels) if a is not None])
+        return taps_cat, labels, None
     weight = slot_targets(c, ids, anchors, lengths, cfg.slot_decay, labels, cfg.chain_slots)[2]
     mx.eval(taps_cat, weight)
-    return labelled_rows(weight)
+    return taps_cat, labels, labelled_rows(weight)
+
+
+def head_loss_and_grad(head: DSparkHead, c: DSparkConfig, target: Target, lm_head, cfg: DistillConfig):
+    """The head's training loss and its gradient, as a function of
+    (head, taps_cat, ids, anchors, lengths, labels, rows)."""
+    return nn.value_and_grad(
+        head, lambda h, t, x, a, n, y, r: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots, r))
 
 
 def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None,
@@ -543,8 +560,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         say(f"starting from the weights of {cfg.init} (fresh optimizer)")
     mx.eval(head.parameters())
     lm_head = dense_lm_head(target)
-    loss_and_grad = nn.value_and_grad(
-        head, lambda h, t, x, a, n, y, r: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots, r))
+    loss_and_grad = head_loss_and_grad(head, c, target, lm_head, cfg)
     log = (out / "train_log.jsonl").open("a")
     cap = min(c.max_drafts, 7)
     rng = __import__("random").Random(cfg.seed + step)
@@ -559,12 +575,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
             if batch is None:
                 continue
             ids, lengths, anchors = batch
-            if cfg.labels == "target":
-                taps, labels = target.taps_and_predictions(ids, c.target_layer_ids)
-            else:
-                taps, labels = target.taps_batch(ids, c.target_layer_ids), None
-            taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
-            rows = step_rows(c, cfg, taps_cat, ids, anchors, lengths, labels)
+            taps_cat, labels, rows = step_inputs(target, c, cfg, ids, anchors, lengths)
             loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, labels, rows)
             optimizer.learning_rate = learning_rate(cfg, step, time.perf_counter() - t0)
             optimizer.update(head, grads)
