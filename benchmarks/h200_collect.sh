@@ -36,15 +36,16 @@ if [ -f "$weights" ]; then
     printf 'sha256 %s\nparts %s\nsize %s\n' "$sum" "$count" "$size" > "$out/model.safetensors.parts"
     state=$run/.collect_returned
     [ -f "$state" ] && [ "$(head -1 "$state")" = "$sum" ] || echo "$sum" > "$state"
+    not_returned() { for p in $all; do grep -qx "$p" "$state" || echo "$p"; done | tr '\n' ' '; }
     if [ -n "${PARTS:-}" ]; then
       send=$PARTS
     else
       # Parts of this version not returned yet; all of them if the weights fit one call.
-      send=$(for p in $all; do grep -qx "$p" "$state" || echo "$p"; done | tr '\n' ' ')
+      send=$(not_returned)
       [ "$size" -gt 45000000 ] && send=$(echo $send | cut -d' ' -f1-3)
     fi
     for p in $send; do cp "$parts/model.safetensors.part$p" "$out/" && echo "$p" >> "$state"; done
-    left=$(for p in $all; do grep -qx "$p" "$state" || echo "$p"; done | tr '\n' ' ')
+    left=$(not_returned)
     if [ -z "$left" ]; then
       echo "weights: all $count parts returned (sha256 $sum); this call: ${send:-none}"
     else
