@@ -204,14 +204,14 @@ def synthetic_code_prompts(n: int, seed: int = 0, exclude: set[str] = frozenset(
         raise ValueError(f"--n {n} is more than the distinct code prompts this generator can make.")
     while len(out) < n:
         kind = r.random()
-        extra = r.choice(["", " Explain each part.", " Add comments that explain each step."])
+        query_extra = r.choice(["", " Explain each part.", " Add comments that explain each step."])  # no unit tests for these
         if kind < 0.08:
             table, task = r.choice(SQL_TASKS)
-            text = r.choice([f"Given a table `{table}`, write a SQL query that {task}.{extra}",
-                             f"Write a PostgreSQL query over `{table}` that {task}.{extra}"])
+            text = r.choice([f"Given a table `{table}`, write a SQL query that {task}.{query_extra}",
+                             f"Write a PostgreSQL query over `{table}` that {task}.{query_extra}"])
         elif kind < 0.16:
-            text = r.choice([f"Write a bash script that {r.choice(SHELL_TASKS)}.{extra}",
-                             f"How do I write a shell script that {r.choice(SHELL_TASKS)}?{extra}"])
+            text = r.choice([f"Write a bash script that {r.choice(SHELL_TASKS)}.{query_extra}",
+                             f"How do I write a shell script that {r.choice(SHELL_TASKS)}?{query_extra}"])
         else:
             name, task = r.choice(CODE_TASKS)
             lang, extra = r.choice(CODE_LANGS), r.choice(CODE_EXTRAS)
