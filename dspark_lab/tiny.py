@@ -137,13 +137,14 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 384):
 
 def build_tiny_model(out_dir: str | Path, family: str = "qwen3", *, num_layers: int = 2, seed: int = 0,
                      init_scale: float = 1.0, tokenizer_from: str | Path | None = None, tokenizer_vocab: int = 384,
-                     **overrides) -> Path:
+                     quantize_bits: int | None = None, **overrides) -> Path:
     """Write a random `family` model with a trained tokenizer to `out_dir`; returns the path.
 
     `init_scale` multiplies every weight matrix: a larger scale gives peakier logits, so greedy
     decoding settles into repeating patterns the way real models do on copy-heavy text.
     `tokenizer_from` copies another tiny model's tokenizer instead of training one (a draft
-    model must share its target's); `tokenizer_vocab` sizes a trained one."""
+    model must share its target's); `tokenizer_vocab` sizes a trained one. `quantize_bits`
+    saves it quantized (group 32) the way mlx-lm saves a quantized model, config entry included."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_map
     from mlx_lm.utils import _get_classes
@@ -169,6 +170,11 @@ def build_tiny_model(out_dir: str | Path, family: str = "qwen3", *, num_layers: 
     model = model_cls(args_cls.from_dict(config))
     if init_scale != 1.0:
         model.update(tree_map(lambda p: p * init_scale if p.ndim == 2 else p, model.parameters()))
+    if quantize_bits is not None:
+        import mlx.nn as nn
+
+        config["quantization"] = {"group_size": 32, "bits": quantize_bits}
+        nn.quantize(model, group_size=32, bits=quantize_bits)
     weights = dict(tree_flatten(model.parameters()))
     if hasattr(model, "sanitize"):
         weights = model.sanitize(weights)

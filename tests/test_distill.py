@@ -137,6 +137,8 @@ def test_bad_distill_options(tiny_dirs, tmp_path):
         config(tiny_dirs["qwen3"], tmp_path / "x", block=1)
     with pytest.raises(InputError, match="--steps must be >= 1"):
         config(tiny_dirs["qwen3"], tmp_path / "x", steps=0)
+    with pytest.raises(InputError, match="--target-weights must be one of auto, dequantized, as-loaded"):
+        config(tiny_dirs["qwen3"], tmp_path / "x", target_weights="dense")
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "other.txt").write_text("x")
     with pytest.raises(InputError, match="exists and is not a distill run"):
@@ -526,3 +528,87 @@ def test_a_code_corpus_trains_on_python_sources_beside_a_chat_corpus(tiny_dirs, 
     with pytest.raises(InputError, match="not a directory of Python source files"):
         distill(config(tiny_dirs["qwen3"], tmp_path / "z", corpus=f"code:{tmp_path / 'nowhere'}", corpus_tokens=10, tokens=0),
                 progress=False, say=lambda m: None)
+
+
+# --- a quantized target: data and training on a dequantized copy --------------------------------
+
+@pytest.fixture(scope="module")
+def quantized_dir(tmp_path_factory):
+    from dspark_lab.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("q4") / "qwen3-q4", "qwen3", seed=5, quantize_bits=4)
+
+
+def test_a_dequantized_copy_gives_the_quantized_targets_taps_and_labels(quantized_dir):
+    """The copy holds the same weights as plain matrices: its taps and greedy labels are the
+    quantized target's, up to summation order."""
+    import mlx.core as mx
+
+    from dspark_lab import load_target
+    from dspark_lab.lab.distill import dense_extra_bytes
+
+    quantized, _ = load_target(quantized_dir)
+    dense, _ = load_target(quantized_dir, dequantize=True)
+    assert dense_extra_bytes(quantized.model) > 0 and dense_extra_bytes(dense.model) == 0
+    ids = mx.random.randint(0, quantized.vocab_size, (2, 64), key=mx.random.key(3)).astype(mx.uint32)
+    taps = [0, quantized.num_layers - 1]
+    (qt, ql), (dt, dl) = quantized.taps_and_predictions(ids, taps), dense.taps_and_predictions(ids, taps)
+    for t in taps:
+        assert mx.allclose(qt[t], dt[t], atol=1e-4, rtol=1e-4).item()
+    assert (ql == dl).astype(mx.float32).mean().item() >= 0.97
+
+
+def test_training_target_dequantizes_a_quantized_target_where_it_fits(tiny_dirs, quantized_dir):
+    from dspark_lab import load_target
+    from dspark_lab.lab.distill import training_target
+
+    quantized, _ = load_target(quantized_dir)
+    plain, _ = load_target(tiny_dirs["qwen3"])
+    assert training_target(quantized, "auto", 2**40)[0] is True
+    assert training_target(quantized, "auto", None)[0] is True  # memory unknown: the measured faster way
+    small, why = training_target(quantized, "auto", 1024)
+    assert small is False and "--target-weights dequantized" in why
+    assert training_target(quantized, "dequantized", 1024)[0] is True  # asked for: done anyway
+    assert training_target(quantized, "as-loaded", 2**40)[0] is False
+    dense, why = training_target(plain, "auto", 2**40)
+    assert dense is False and "no quantized layers" in why
+
+
+def test_a_quantized_target_trains_on_its_dequantized_copy_and_is_evaluated_as_loaded(quantized_dir, tmp_path, monkeypatch):
+    """Every training forward runs on the dense copy; the held-out evaluation decodes with the
+    quantized target; the head it makes drafts losslessly for the quantized target."""
+    from dspark_lab.engine.target import Target
+    from dspark_lab.lab import distill as distill_mod
+
+    forwards, decoders = [], []
+    real_taps = Target.taps_and_predictions
+    real_spec = distill_mod.speculative_generate
+
+    def spy_taps(self, ids, taps):
+        forwards.append(distill_mod.dense_extra_bytes(self.model))
+        return real_taps(self, ids, taps)
+
+    def spy_spec(target, *a, **kw):
+        decoders.append(distill_mod.dense_extra_bytes(target.model))
+        return real_spec(target, *a, **kw)
+
+    monkeypatch.setattr(Target, "taps_and_predictions", spy_taps)
+    monkeypatch.setattr(distill_mod, "speculative_generate", spy_spec)
+    out = tmp_path / "head"
+    said = []
+    distill(config(quantized_dir, out, steps=20, eval_every=10), progress=False, say=said.append)
+    assert len(forwards) == 20 and set(forwards) == {0}  # every training forward: no quantized layer
+    assert decoders and min(decoders) > 0  # every evaluation: the quantized target
+    assert any("dequantized copy" in m for m in said)
+    rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    assert rows and {r["target_weights"] for r in rows} == {"dequantized"}
+    assert "Data and training forward: a dequantized copy" in (out / "README.md").read_text()
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert sum(e["loss"] for e in log[-5:]) < sum(e["loss"] for e in log[:5])
+    monkeypatch.undo()
+    target, tok, drafter, _ = load_pair(quantized_dir, out, max_draft_tokens=4)
+    assert distill_mod.dense_extra_bytes(target.model) > 0
+    for prompt in PROMPTS[:3]:
+        ref = greedy_generate(target, tok, prompt, max_new_tokens=24)
+        spec = speculative_generate(target, tok, drafter, prompt, max_new_tokens=24, max_draft_tokens=4, lookup_drafts=False)
+        assert spec.token_ids == ref.token_ids

@@ -115,3 +115,29 @@ def test_distill_step_benchmark_splits_a_real_training_step(tiny_dirs, tmp_path)
         assert 0 < gathered["labelled_slots"] <= gathered["slots"]
     assert out[2]["peak_bytes"] > out[0]["peak_bytes"]
     assert json.loads((tmp_path / "r.json").read_text())["rows"] == out
+
+
+def test_distill_step_benchmark_times_the_target_as_loaded_and_dequantized(tmp_path):
+    """--weights as-loaded,dequantized: the same step on a quantized target and on its dense copy;
+    the same weights, so the same loss up to summation order."""
+    import gzip
+    import json
+    import random
+
+    from dspark_lab.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=2, quantize_bits=4)
+    mod = _benchmark("distill_step")
+    rng = random.Random(1)
+    rows = [{"ids": [rng.randrange(1, 200) for _ in range(90)], "prompt_len": 10, "generation": "corpus"} for _ in range(8)]
+    data = tmp_path / "data.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    args = ["--model", str(model), "--data", str(data), "--seqs", "2", "--anchors", "16", "--block", "4", "--layers", "1",
+            "--markov-rank", "8", "--max-len", "128", "--steps", "1"]
+    out = mod.main(args + ["--weights", "as-loaded,dequantized"])
+    assert [(r["weights"], r["gather"]) for r in out] == [("as-loaded", False), ("as-loaded", True),
+                                                          ("dequantized", False), ("dequantized", True)]
+    assert out[2]["loss"] == pytest.approx(out[0]["loss"], abs=1e-2)
+    with pytest.raises(SystemExit):
+        mod.main(args + ["--weights", "dense"])

@@ -247,13 +247,17 @@ def load_target(
     kv_bits: int | None = None,
     dtype: str | None = None,
     taps: Sequence[int] | None = None,
+    dequantize: bool = False,
 ):
     """Load a causal LM as a `Target` plus its tokenizer (mlx-lm's TokenizerWrapper).
     A multimodal checkpoint loads through mlx-vlm and runs as its language model (text only).
 
     `kv_bits` quantizes the KV cache; `dtype` casts the unquantized weights (float32 is the
     fast choice on MLX's CPU backend); `taps` lists the layers a drafter will read, and asking
-    for them runs the one-time probe that the tap reproduces the model's logits."""
+    for them runs the one-time probe that the tap reproduces the model's logits. `dequantize`
+    turns a quantized model's layers into plain ones holding the same weights (mlx-lm's
+    dequantize_model): the same model in more memory, for work at large batch sizes, where
+    dense matmuls beat the quantized kernels (docs/performance.md, tenth round)."""
     from .target import Target
 
     if kv_bits is not None and kv_bits not in SUPPORTED_QUANT_BITS:
@@ -273,6 +277,12 @@ def load_target(
 
         want = getattr(mx, dtype)
         model.update(tree_map(lambda p: p.astype(want) if mx.issubdtype(p.dtype, mx.floating) else p, model.parameters()))
+        mx.eval(model.parameters())
+    if dequantize:
+        import mlx.core as mx
+        from mlx_lm.utils import dequantize_model
+
+        model = dequantize_model(model)
         mx.eval(model.parameters())
     target = Target(model, config, name=str(repo_or_path), kv_bits=kv_bits)
     if taps is not None:

@@ -171,6 +171,23 @@ def _mlx_facts() -> dict:
     return facts
 
 
+def _device_memory(mlx: dict, system_memory: int | None) -> int | None:
+    """Memory of the device MLX computes on: the GPU's own, or the system's (CPU, and Metal's
+    unified memory where MLX does not say)."""
+    info = mlx["device_info"] or {}
+    if mlx["backend"] in ("metal", "cuda", "gpu"):
+        memory = info.get("memory_size") or info.get("total_memory")
+        if mlx["backend"] == "metal" and not memory:
+            memory = system_memory
+        return memory
+    return system_memory
+
+
+def device_memory() -> int | None:
+    """Bytes of memory on the device MLX computes on (None where neither MLX nor the OS says)."""
+    return _device_memory(_mlx_facts(), _system_memory())
+
+
 # --- power and thermal -------------------------------------------------------------------------
 
 
@@ -264,13 +281,11 @@ def collect_device_stamp(engine_options: dict | None = None) -> dict:
     backend = mlx["backend"]
     cpu_model = _cpu_model()
     system_memory = _system_memory()
+    memory = _device_memory(mlx, system_memory)
     if backend in ("metal", "cuda", "gpu"):
         device_name = info.get("device_name") or (cpu_model if backend == "metal" else None)
-        device_memory = info.get("memory_size") or info.get("total_memory")
-        if backend == "metal" and not device_memory:
-            device_memory = system_memory  # unified memory
     else:
-        device_name, device_memory = cpu_model or info.get("device_name"), system_memory
+        device_name = cpu_model or info.get("device_name")
     try:
         import dspark_lab
 
@@ -283,7 +298,7 @@ def collect_device_stamp(engine_options: dict | None = None) -> dict:
         "backend": backend,
         "default_device": mlx["default_device"],
         "device_name": device_name,
-        "device_memory_bytes": device_memory if isinstance(device_memory, int) else None,
+        "device_memory_bytes": memory if isinstance(memory, int) else None,
         "device_info": info or None,
         "cpu_model": cpu_model,
         "cpu_count": os.cpu_count(),
