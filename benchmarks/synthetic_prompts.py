@@ -18,6 +18,7 @@ overlap with them, as a train split overlaps its test split.
 
     python benchmarks/synthetic_prompts.py --kind math --n 2500 --out math_synth.jsonl
     python benchmarks/synthetic_prompts.py --kind code --n 3000 --out code_synth.jsonl
+    python benchmarks/synthetic_prompts.py --kind code --n 3000 --seed 1 --exclude code_synth.jsonl --out code_synth2.jsonl
 """
 
 from __future__ import annotations
@@ -231,8 +232,19 @@ def builtin_texts(name: str) -> set[str]:
     """Every prompt and message text of a built-in set."""
     from dspark_lab.lab.prompts import load_prompt_set
 
+    return _texts(load_prompt_set(name).prompts)
+
+
+def file_texts(path: Path) -> set[str]:
+    """Every prompt and message text of a prompt file (an earlier run's output, say)."""
+    from dspark_lab.lab.prompts import load_prompt_sets
+
+    return _texts([p for s in load_prompt_sets(str(path)) for p in s.prompts])
+
+
+def _texts(prompts) -> set[str]:
     texts = set()
-    for p in load_prompt_set(name).prompts:
+    for p in prompts:
         if p.text:
             texts.add(p.text)
         for msg in p.messages or []:
@@ -240,16 +252,21 @@ def builtin_texts(name: str) -> set[str]:
     return texts
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=["math", "code"], required=True)
     ap.add_argument("--n", type=int, default=2500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
+    ap.add_argument("--exclude", type=Path, action="append", default=[],
+                    help="a prompt file whose texts to leave out too (repeatable): a second file of fresh prompts, after a first")
+    a = ap.parse_args(argv)
     make = synthetic_math_prompts if a.kind == "math" else synthetic_code_prompts
+    exclude = builtin_texts(a.kind)
+    for path in a.exclude:
+        exclude |= file_texts(path)
     try:
-        rows = make(a.n, a.seed, builtin_texts(a.kind))
+        rows = make(a.n, a.seed, exclude)
     except ValueError as e:
         ap.error(str(e))
     a.out.write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -55,3 +55,16 @@ def test_math_problems_state_consistent_numbers():
 def test_asking_for_more_code_prompts_than_exist_is_a_clear_error():
     with pytest.raises(ValueError, match="more than the distinct code prompts"):
         synth.synthetic_code_prompts(10**6)
+
+
+def test_exclude_makes_a_second_file_of_fresh_prompts(tmp_path, capsys):
+    """--exclude FILE: a second run (another seed) repeats none of the first file's prompts."""
+    first, second = tmp_path / "code_synth.jsonl", tmp_path / "code_synth2.jsonl"
+    synth.main(["--kind", "code", "--n", "300", "--out", str(first)])
+    synth.main(["--kind", "code", "--n", "300", "--seed", "1", "--exclude", str(first), "--out", str(second)])
+    a, b = ({_text(json.loads(line)) for line in p.read_text().splitlines()} for p in (first, second))
+    assert len(a) == len(b) == 300 and not a & b
+    # Without the exclusion the two seeds do meet (the check above is not vacuous).
+    again = tmp_path / "again.jsonl"
+    synth.main(["--kind", "code", "--n", "300", "--seed", "1", "--out", str(again)])
+    assert a & {_text(json.loads(line)) for line in again.read_text().splitlines()}
