@@ -17,6 +17,10 @@ Arms, interleaved prompt by prompt after a warm-up pass (kernel builds, compile 
 Prints median decode tok/s, the ratio to our greedy and to mlx_lm, the mean accept length and
 whether every prompt's tokens equal our greedy's (temperature 0: they must, up to numerical ties
 between different kernels; the pipelined arms must equal the plain loop's arm with the same drafts).
+Every output that differs from our greedy's is classified at its first difference
+(lab/lossless.first_divergence: a fresh prefill of the common prefix, the two tokens' logits):
+a tie when they are within one rounding step of the model's logit dtype; the JSON keeps each
+difference, and the table counts the ties and what is left ("not a tie" would be a bug).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def main(argv=None) -> dict:
     from dspark_lab import greedy_generate, load_target, speculative_generate
     from dspark_lab.engine.drafters.load import load_dspark
     from dspark_lab.engine.text import encode_prompt
+    from dspark_lab.lab.lossless import first_divergence
     from dspark_lab.lab.prompts import load_prompt_sets
 
     target, tok = load_target(args.model)
@@ -117,20 +122,37 @@ def main(argv=None) -> dict:
                     rates[name].append(rate)
                     accepts[name] += acc or []
     med = {a: statistics.median(rates[a]) for a in arms}
+    divergences: dict[tuple[int, tuple[int, ...]], dict] = {}  # many arms emit the same tokens: one prefill each
+
+    def differences(name: str) -> list[dict]:
+        out = []
+        for i, ids in enumerate(prompts):
+            got, ref = tokens[(name, i)], tokens[("greedy", i)]
+            if got != ref:
+                key = (i, tuple(got))
+                if key not in divergences:
+                    divergences[key] = first_divergence(target, ids, ref, got)
+                out.append({"prompt": i, **divergences[key]})
+        return out
+
     rows = []
-    print(f"{'arm':12} {'tok/s':>8} {'/greedy':>8} {'/mlx_lm':>8} {'accept':>7}  identical to greedy (and to the plain loop)")
+    print(f"{'arm':12} {'tok/s':>8} {'/greedy':>8} {'/mlx_lm':>8} {'accept':>7}  identical to greedy [ties among the rest] (and to the plain loop)")
     for name in arms:
         same = sum(tokens[(name, i)] == tokens[("greedy", i)] for i in range(len(prompts)))
+        diffs = differences(name)
+        ties = sum(bool(d.get("tie")) for d in diffs)
         # the plain loop with the same drafts
         plain = name.replace("+cd", "").replace("+lkk@", "+lk@").replace("pipe@", "dspark@").replace("pipe+lk@", "dspark+lk@")
         same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name else None
         acc = accepts[name]
         row = {"arm": name, "tok_s": round(med[name], 1), "vs_greedy": round(med[name] / med["greedy"], 3),
                "vs_mlx_lm": round(med[name] / med["mlx_lm"], 3), "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None,
-               "identical_to_greedy": f"{same}/{len(prompts)}", "identical_to_plain_loop": None if same_plain is None else f"{same_plain}/{len(prompts)}"}
+               "identical_to_greedy": f"{same}/{len(prompts)}", "identical_to_plain_loop": None if same_plain is None else f"{same_plain}/{len(prompts)}",
+               "differences_from_greedy": diffs, "ties": ties, "not_ties": len(diffs) - ties}
         rows.append(row)
+        tie_note = f" [{ties} tie{'s' if ties != 1 else ''}" + (f", {len(diffs) - ties} NOT" if len(diffs) > ties else "") + "]" if diffs else ""
         print(f"{name:12} {med[name]:8.1f} {row['vs_greedy']:8.3f} {row['vs_mlx_lm']:8.3f} {row['mean_accept_len'] or '':>7}  "
-              f"{row['identical_to_greedy']}" + (f" ({row['identical_to_plain_loop']})" if same_plain is not None else ""))
+              f"{row['identical_to_greedy']}{tie_note}" + (f" ({row['identical_to_plain_loop']})" if same_plain is not None else ""))
     result = {"model": args.model, "head": args.head, "caps": caps, "repeats": args.repeats, "max_new_tokens": n,
               "prompts": len(prompts), "device": str(mx.default_device()), "rows": rows,
               "lookup_kernel_probe": kernel_verdict.to_dict() if kernel_verdict is not None else None}

@@ -62,6 +62,36 @@ def test_pipeline_speed_benchmark_runs_every_arm(tiny_dirs, tmp_path):
     assert all(rows[a]["identical_to_plain_loop"] == "1/1" for a in ("pipe@3", "pipe+lk@3", "pipe+cd@3", "pipe+lk+cd@3"))
 
 
+def test_pipeline_speed_classifies_an_output_that_differs_from_greedy(tiny_dirs, tmp_path, monkeypatch):
+    """An arm whose tokens leave greedy's is reported with its first difference, and a changed
+    token that is no near-tie is counted as NOT a tie (what a real bug would look like)."""
+    import dataclasses
+
+    import dspark_lab
+
+    mod = _benchmark("pipeline_speed")
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
+    real = dspark_lab.speculative_generate
+
+    def broken_plain_loop(*a, **kw):  # the plain loop without lookup emits a wrong 4th token
+        r = real(*a, **kw)
+        if kw.get("pipeline") or kw.get("lookup_drafts"):
+            return r
+        ids = list(r.token_ids)
+        ids[3] = (ids[3] + 1) % 300
+        return dataclasses.replace(r, token_ids=ids)
+
+    monkeypatch.setattr(dspark_lab, "speculative_generate", broken_plain_loop)
+    r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
+                  "--max-new-tokens", "8", "--repeats", "1", "--no-compile"])
+    rows = {row["arm"]: row for row in r["rows"]}
+    bad = rows["dspark@3"]
+    assert bad["identical_to_greedy"] == "0/1" and bad["not_ties"] == 1 and bad["ties"] == 0
+    assert bad["differences_from_greedy"][0]["index"] == 3 and bad["differences_from_greedy"][0]["prefill_picks"] == "a"
+    assert rows["pipe@3"]["identical_to_plain_loop"] == "0/1"  # the pipelined loop kept greedy's tokens
+    assert all(row["differences_from_greedy"] == [] for name, row in rows.items() if name not in ("dspark@3", "mlx_lm"))
+
+
 def test_chain_agreement_counts_where_text_leaves_the_targets_path(tiny_dirs, tmp_path):
     """benchmarks/chain_agreement.py: on the target's own greedy output every position follows it
     and every slot is kept; on a copy whose text departs, the shares fall."""
