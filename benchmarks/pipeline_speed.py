@@ -19,8 +19,9 @@ whether every prompt's tokens equal our greedy's (temperature 0: they must, up t
 between different kernels; the pipelined arms must equal the plain loop's arm with the same drafts).
 Every output that differs from our greedy's is classified at its first difference
 (lab/lossless.first_divergence: a fresh prefill of the common prefix, the two tokens' logits):
-a tie when they are within one rounding step of the model's logit dtype; the JSON keeps each
-difference, and the table counts the ties and what is left ("not a tie" would be a bug).
+a tie when they are within one rounding step of the model's logit dtype, "length only" when one
+output is the other's prefix; the JSON keeps each difference, and the table counts them and what
+is left ("NOT a tie" would be a bug).
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def main(argv=None) -> dict:
         same = sum(tokens[(name, i)] == tokens[("greedy", i)] for i in range(len(prompts)))
         diffs = differences(name)
         ties = sum(bool(d.get("tie")) for d in diffs)
+        # Equal up to where one ends (mlx_lm's arm drops end-of-sequence tokens, ours stop at them).
+        lengths = sum(bool(d.get("length_differs")) for d in diffs)
         # the plain loop with the same drafts
         plain = name.replace("+cd", "").replace("+lkk@", "+lk@").replace("pipe@", "dspark@").replace("pipe+lk@", "dspark+lk@")
         same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name else None
@@ -148,9 +151,11 @@ def main(argv=None) -> dict:
         row = {"arm": name, "tok_s": round(med[name], 1), "vs_greedy": round(med[name] / med["greedy"], 3),
                "vs_mlx_lm": round(med[name] / med["mlx_lm"], 3), "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None,
                "identical_to_greedy": f"{same}/{len(prompts)}", "identical_to_plain_loop": None if same_plain is None else f"{same_plain}/{len(prompts)}",
-               "differences_from_greedy": diffs, "ties": ties, "not_ties": len(diffs) - ties}
+               "differences_from_greedy": diffs, "ties": ties, "length_only": lengths, "not_ties": len(diffs) - ties - lengths}
         rows.append(row)
-        tie_note = f" [{ties} tie{'s' if ties != 1 else ''}" + (f", {len(diffs) - ties} NOT" if len(diffs) > ties else "") + "]" if diffs else ""
+        notes = [f"{ties} tie{'s' if ties != 1 else ''}"] * bool(ties) + [f"{lengths} length only"] * bool(lengths)
+        notes += [f"{row['not_ties']} NOT a tie"] * bool(row["not_ties"])
+        tie_note = f" [{', '.join(notes)}]" if notes else ""
         print(f"{name:12} {med[name]:8.1f} {row['vs_greedy']:8.3f} {row['vs_mlx_lm']:8.3f} {row['mean_accept_len'] or '':>7}  "
               f"{row['identical_to_greedy']}{tie_note}" + (f" ({row['identical_to_plain_loop']})" if same_plain is not None else ""))
     result = {"model": args.model, "head": args.head, "caps": caps, "repeats": args.repeats, "max_new_tokens": n,
