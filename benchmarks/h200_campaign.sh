@@ -10,6 +10,8 @@
 #     bash benchmarks/h200_campaign.sh
 #   PHASE=all GPUS=4  both at once on a 4-GPU machine, each timed job alone on its GPU, plus the
 #                held-out evaluation of every head (benchmarks/lossless_check.py, the head alone)
+# SWEEP_EXTRA: more sweep flags for every sweep, e.g. "--compile-draft --pipe-lookup" (the
+# dspark-pipe arms' options; the tenth round's fastest arm was dspark-pipe with --compile-draft).
 # Heads run unquantized (--drafter-bits 16): they are small, and 4 bits costs acceptance.
 # Timed work never shares a GPU: one process at a time per GPU.
 set -u
@@ -37,7 +39,8 @@ peer05() {
 sweep() {  # name model head caps extra...; each sweep its own database (parallel sweeps)
   local name=$1 model=$2 head=$3 caps=$4; shift 4
   run timeout "${SWEEP_TIMEOUT:-170}" python3 -m dspark_lab sweep -m "$model" -d "$head" --caps "$caps" --prompts code,math,chat \
-    --prompt-limit 4 --trials 1 -n 128 --drafter-bits 16 --db "/tmp/campaign_$name.duckdb" --json "$OUT/sweep_$name.json" "$@" 2>&1 | quiet | tail -8
+    --prompt-limit 4 --trials 1 -n 128 --drafter-bits 16 --db "/tmp/campaign_$name.duckdb" --json "$OUT/sweep_$name.json" "$@" \
+    ${SWEEP_EXTRA:-} 2>&1 | quiet | tail -8
 }
 sweep_smol() { sweep smollm2 "$SMOL" "$SMOL_HEAD" 2,4 --modes lookup,dspark,dspark-pipe; }
 sweep_qwen05() { sweep qwen05 "$QWEN" "$QWEN_HEAD" 4,7 --modes lookup,dspark,dspark-pipe; }
