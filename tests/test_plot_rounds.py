@@ -1,0 +1,39 @@
+"""benchmarks/plot_distill_rounds.py: per-set means of evaluation JSONs, in round order, charted."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location("plot_distill_rounds", Path(__file__).resolve().parents[1] / "benchmarks" / "plot_distill_rounds.py")
+plot = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(plot)
+
+
+def _eval(path, model, accepts):
+    rows = [{"prompt": f"{s}-{i}", "set": s, "arm": "dspark", "mean_accept": a} for s, values in accepts.items() for i, a in enumerate(values)]
+    path.write_text(json.dumps({"model": model, "rows": rows}))
+    return path
+
+
+def test_rounds_are_summarized_per_set_in_round_order_and_rendered(tmp_path):
+    late = _eval(tmp_path / "eval10_qwen05_b.json", "/root/ship/qwen05/qwen2.5-coder-0.5b-q4-bfloat16", {"code": [2.0, 3.0], "chat": [2.5]})
+    early = _eval(tmp_path / "eval2_qwen05.json", "/root/ship/qwen05/qwen2.5-coder-0.5b-q4-bfloat16", {"code": [1.0, 1.5]})
+    smol = _eval(tmp_path / "eval3_smol.json", "/x/smollm2-135m", {"code": [1.9]})
+    out = tmp_path / "rounds.png"
+    rows = plot.main([str(late), str(smol), str(early), "--out", str(out)])
+    assert [(r["run"], r["set"], r["mean_accept"], r["prompts"]) for r in rows] == [
+        ("2_qwen05", "code", 1.25, 2), ("3_smol", "code", 1.9, 1), ("10_qwen05_b", "chat", 2.5, 1), ("10_qwen05_b", "code", 2.5, 2)]
+    assert {r["model"] for r in rows} == {"qwen2.5-coder-0.5b", "smollm2-135m"}
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    spec = plot.chart(rows).to_dict()
+    qwen = spec["vconcat"][0]
+    assert qwen["layer"][1]["data"]["values"] == [{"set": "code", "goal": 3.0}, {"set": "math", "goal": 3.0}, {"set": "chat", "goal": 2.0}]
+
+
+def test_files_without_evaluated_prompts_are_a_clear_error(tmp_path):
+    empty = tmp_path / "eval1_x.json"
+    empty.write_text(json.dumps({"model": "m", "rows": []}))
+    with pytest.raises(SystemExit):
+        plot.main([str(empty), "--out", str(tmp_path / "x.png")])
