@@ -45,7 +45,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
-from mlx.utils import tree_flatten  # noqa: E402
+
+from dspark_lab.lab.bandwidth import copy_bandwidth, decode_bytes, limit_tokens_per_second  # noqa: E402
 
 PROMPTS = {
     "code": "Write a Python function that checks whether a string is a palindrome, with a docstring and three doctest examples.",
@@ -166,33 +167,6 @@ def load_peer(model, tokenizer, head_dir, bits, model_dir=None, own_target=False
         return Peer(model, tokenizer, head_dir, bits, model_dir, own_target), None
     except Exception as e:  # noqa: BLE001
         return None, f"load failed: {type(e).__name__}: {e}"
-
-
-# ---- bandwidth ---------------------------------------------------------------------------------
-
-
-def copy_bandwidth(mib: int, repeats: int = 5) -> float:
-    """Bytes per second moved by `y = x + 1` on a `mib`-MiB float32 array (read + write), the
-    best of `repeats` after one warm-up."""
-    n = mib * (1 << 20) // 4
-    x = mx.zeros((n,), dtype=mx.float32)
-    mx.eval(x)
-    mx.eval(x + 1)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        y = x + 1
-        mx.eval(y)
-        best = min(best, time.perf_counter() - t)
-        del y
-    return 2 * n * 4 / best
-
-
-def kv_bytes_per_position(config: dict, dtype_bytes: int, num_layers: int) -> int:
-    heads = config.get("num_attention_heads", 1)
-    kv_heads = config.get("num_key_value_heads", heads)
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return 2 * num_layers * kv_heads * head_dim * dtype_bytes
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -355,17 +329,12 @@ def run(args) -> dict:
         rows.append(row)
 
     # Bandwidth limit.
-    params = tree_flatten(target.model.parameters())
-    weight_bytes = sum(v.nbytes for _, v in params)
-    float_dtypes = [v.dtype for _, v in params if mx.issubdtype(v.dtype, mx.floating)]
-    act_bytes = (mx.bfloat16 if mx.bfloat16 in float_dtypes else float_dtypes[0] if float_dtypes else mx.float16).size
-    kv_per_pos = kv_bytes_per_position(target.config, act_bytes, target.num_layers)
+    weight_bytes, kv_per_pos = decode_bytes(target)
     bandwidth = copy_bandwidth(args.copy_mib)
     for row in rows:
         ctx = row["prompt_tokens"] + row["tokens"] / 2
-        bpt = weight_bytes + kv_per_pos * ctx
-        limit = bandwidth / bpt
-        row["bytes_per_token"] = int(bpt)
+        limit = limit_tokens_per_second(bandwidth, weight_bytes, kv_per_pos, ctx)
+        row["bytes_per_token"] = int(weight_bytes + kv_per_pos * ctx)
         row["limit_tok_s"] = round(limit, 2)
         g = row["arms"]["greedy"]["tok_s"]
         best_peer = max((v["tok_s"] for a, v in row["arms"].items() if a.startswith("peer@")), default=None)

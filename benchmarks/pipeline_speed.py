@@ -21,7 +21,9 @@ Every output that differs from our greedy's is classified at its first differenc
 (lab/lossless.first_divergence: a fresh prefill of the common prefix, the two tokens' logits):
 a tie when they are within one rounding step of the model's logit dtype, "length only" when one
 output is the other's prefix; the JSON keeps each difference, and the table counts them and what
-is left ("NOT a tie" would be a bug).
+is left ("NOT a tie" would be a bug). Each arm's rate is also given as a share of the bandwidth
+limit (lab/bandwidth.py: the measured copy bandwidth over the weight bytes plus the KV bytes at the
+prompts' mean context; speculative arms may pass 100%, plain decoding cannot).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-compile", action="store_true", help="leave out the compiled greedy arm")
+    ap.add_argument("--copy-mib", type=int, default=1024, help="array size for the copy-bandwidth measurement")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -56,6 +59,7 @@ def main(argv=None) -> dict:
     from dspark_lab import greedy_generate, load_target, speculative_generate
     from dspark_lab.engine.drafters.load import load_dspark
     from dspark_lab.engine.text import encode_prompt
+    from dspark_lab.lab.bandwidth import copy_bandwidth, decode_bytes, limit_tokens_per_second
     from dspark_lab.lab.lossless import first_divergence
     from dspark_lab.lab.prompts import load_prompt_sets
 
@@ -123,6 +127,10 @@ def main(argv=None) -> dict:
                     rates[name].append(rate)
                     accepts[name] += acc or []
     med = {a: statistics.median(rates[a]) for a in arms}
+    weight_bytes, kv_per_position = decode_bytes(target)
+    bandwidth = copy_bandwidth(args.copy_mib)
+    context = statistics.mean(len(ids) for ids in prompts) + n / 2
+    limit = limit_tokens_per_second(bandwidth, weight_bytes, kv_per_position, context)
     divergences: dict[tuple[int, tuple[int, ...]], dict] = {}  # many arms emit the same tokens: one prefill each
 
     def differences(name: str) -> list[dict]:
@@ -137,7 +145,9 @@ def main(argv=None) -> dict:
         return out
 
     rows = []
-    print(f"{'arm':12} {'tok/s':>8} {'/greedy':>8} {'/mlx_lm':>8} {'accept':>7}  identical to greedy [ties among the rest] (and to the plain loop)")
+    print(f"bandwidth limit {limit:.0f} tok/s ({bandwidth / 1e9:.0f} GB/s copy; {weight_bytes / 2**20:.0f} MiB of weights "
+          f"+ {kv_per_position} B of KV a position at a mean context of {context:.0f})")
+    print(f"{'arm':12} {'tok/s':>8} {'/greedy':>8} {'/mlx_lm':>8} {'limit':>6} {'accept':>7}  identical to greedy [ties among the rest] (and to the plain loop)")
     for name in arms:
         same = sum(tokens[(name, i)] == tokens[("greedy", i)] for i in range(len(prompts)))
         diffs = differences(name)
@@ -149,17 +159,19 @@ def main(argv=None) -> dict:
         same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name else None
         acc = accepts[name]
         row = {"arm": name, "tok_s": round(med[name], 1), "vs_greedy": round(med[name] / med["greedy"], 3),
-               "vs_mlx_lm": round(med[name] / med["mlx_lm"], 3), "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None,
+               "vs_mlx_lm": round(med[name] / med["mlx_lm"], 3), "fraction_of_limit": round(med[name] / limit, 4), "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None,
                "identical_to_greedy": f"{same}/{len(prompts)}", "identical_to_plain_loop": None if same_plain is None else f"{same_plain}/{len(prompts)}",
                "differences_from_greedy": diffs, "ties": ties, "length_only": lengths, "not_ties": len(diffs) - ties - lengths}
         rows.append(row)
         notes = [f"{ties} tie{'s' if ties != 1 else ''}"] * bool(ties) + [f"{lengths} length only"] * bool(lengths)
         notes += [f"{row['not_ties']} NOT a tie"] * bool(row["not_ties"])
         tie_note = f" [{', '.join(notes)}]" if notes else ""
-        print(f"{name:12} {med[name]:8.1f} {row['vs_greedy']:8.3f} {row['vs_mlx_lm']:8.3f} {row['mean_accept_len'] or '':>7}  "
+        print(f"{name:12} {med[name]:8.1f} {row['vs_greedy']:8.3f} {row['vs_mlx_lm']:8.3f} {row['fraction_of_limit']:6.1%} {row['mean_accept_len'] or '':>7}  "
               f"{row['identical_to_greedy']}{tie_note}" + (f" ({row['identical_to_plain_loop']})" if same_plain is not None else ""))
     result = {"model": args.model, "head": args.head, "caps": caps, "repeats": args.repeats, "max_new_tokens": n,
               "prompts": len(prompts), "device": str(mx.default_device()), "rows": rows,
+              "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2), "weight_bytes": weight_bytes, "kv_bytes_per_position": kv_per_position,
+              "mean_context": round(context, 1), "limit_tok_s": round(limit, 1),
               "lookup_kernel_probe": kernel_verdict.to_dict() if kernel_verdict is not None else None}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -55,11 +55,14 @@ def test_pipeline_speed_benchmark_runs_every_arm(tiny_dirs, tmp_path):
     mod = _benchmark("pipeline_speed")
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
-                  "--max-new-tokens", "8", "--repeats", "1", "--no-compile"])
+                  "--max-new-tokens", "8", "--repeats", "1", "--no-compile", "--copy-mib", "16"])
     rows = {row["arm"]: row for row in r["rows"]}
     assert set(rows) == {"mlx_lm", "greedy", "dspark@3", "dspark+lk@3", "pipe@3", "pipe+lk@3", "pipe+cd@3", "pipe+lk+cd@3"}
     assert all(row["identical_to_greedy"] == "1/1" and row["tok_s"] > 0 for name, row in rows.items() if name != "mlx_lm")
     assert all(rows[a]["identical_to_plain_loop"] == "1/1" for a in ("pipe@3", "pipe+lk@3", "pipe+cd@3", "pipe+lk+cd@3"))
+    # Each rate as a share of the bandwidth limit, which the limit itself reproduces.
+    assert r["limit_tok_s"] > 0 and r["copy_bandwidth_gb_s"] > 0 and r["weight_bytes"] > 0
+    assert all(row["fraction_of_limit"] == pytest.approx(row["tok_s"] / r["limit_tok_s"], rel=1e-2) for row in r["rows"])
 
 
 def test_pipeline_speed_classifies_an_output_that_differs_from_greedy(tiny_dirs, tmp_path, monkeypatch):
@@ -83,7 +86,7 @@ def test_pipeline_speed_classifies_an_output_that_differs_from_greedy(tiny_dirs,
 
     monkeypatch.setattr(dspark_lab, "speculative_generate", broken_plain_loop)
     r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
-                  "--max-new-tokens", "8", "--repeats", "1", "--no-compile"])
+                  "--max-new-tokens", "8", "--repeats", "1", "--no-compile", "--copy-mib", "16"])
     rows = {row["arm"]: row for row in r["rows"]}
     bad = rows["dspark@3"]
     assert bad["identical_to_greedy"] == "0/1" and (bad["not_ties"], bad["ties"], bad["length_only"]) == (1, 0, 0)
