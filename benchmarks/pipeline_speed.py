@@ -24,6 +24,10 @@ output is the other's prefix; the JSON keeps each difference, and the table coun
 is left ("NOT a tie" would be a bug). Each arm's rate is also given as a share of the bandwidth
 limit (lab/bandwidth.py: the measured copy bandwidth over the weight bytes plus the KV bytes at the
 prompts' mean context; speculative arms may pass 100%, plain decoding cannot).
+--dequantized adds arms on a dequantized copy of a quantized target (the same weights as bf16
+matrices, the way distill trains on it): dq:greedy and dq:pipe+cd@K, with the head bound to that
+copy, to see whether the verify forward's wider matmuls pay for reading more bytes; their tokens
+are compared with our greedy's on the target as loaded, so every difference there is at most a tie.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-compile", action="store_true", help="leave out the compiled greedy arm")
+    ap.add_argument("--dequantized", action="store_true", help="add dq: arms on a dequantized copy of the target")
     ap.add_argument("--copy-mib", type=int, default=1024, help="array size for the copy-bandwidth measurement")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -108,6 +113,14 @@ def main(argv=None) -> dict:
         arms[f"pipe+lk+cd@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True, compile_draft=True))
         if kernel_verdict is not None and kernel_verdict.exact:  # CUDA: the n-gram match as one kernel
             arms[f"pipe+lkk@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True, lookup_kernel=True))
+    dq_target = None
+    if args.dequantized:
+        dq_target, _ = load_target(args.model, dequantize=True)
+        dq_head = load_dspark(args.head, dq_target, bits=args.drafter_bits)
+        arms["dq:greedy"] = ours(lambda ids: greedy_generate(dq_target, tok, ids, max_new_tokens=n))
+        for k in caps:
+            arms[f"dq:pipe+cd@{k}"] = ours(lambda ids, k=k: speculative_generate(
+                dq_target, tok, dq_head, ids, max_new_tokens=n, max_draft_tokens=k, pipeline=True, compile_draft=True))
 
     rates = {a: [] for a in arms}
     accepts = {a: [] for a in arms}
@@ -131,6 +144,7 @@ def main(argv=None) -> dict:
     bandwidth = copy_bandwidth(args.copy_mib)
     context = statistics.mean(len(ids) for ids in prompts) + n / 2
     limit = limit_tokens_per_second(bandwidth, weight_bytes, kv_per_position, context)
+    dq_limit = limit_tokens_per_second(bandwidth, *decode_bytes(dq_target), context) if dq_target is not None else None
     divergences: dict[tuple[int, tuple[int, ...]], dict] = {}  # many arms emit the same tokens: one prefill each
 
     def differences(name: str) -> list[dict]:
@@ -156,10 +170,10 @@ def main(argv=None) -> dict:
         lengths = sum(bool(d.get("length_differs")) for d in diffs)
         # the plain loop with the same drafts
         plain = name.replace("+cd", "").replace("+lkk@", "+lk@").replace("pipe@", "dspark@").replace("pipe+lk@", "dspark+lk@")
-        same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name else None
+        same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name and plain in arms else None
         acc = accepts[name]
         row = {"arm": name, "tok_s": round(med[name], 1), "vs_greedy": round(med[name] / med["greedy"], 3),
-               "vs_mlx_lm": round(med[name] / med["mlx_lm"], 3), "fraction_of_limit": round(med[name] / limit, 4), "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None,
+               "vs_mlx_lm": round(med[name] / med["mlx_lm"], 3), "fraction_of_limit": round(med[name] / (dq_limit if name.startswith("dq:") else limit), 4), "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None,
                "identical_to_greedy": f"{same}/{len(prompts)}", "identical_to_plain_loop": None if same_plain is None else f"{same_plain}/{len(prompts)}",
                "differences_from_greedy": diffs, "ties": ties, "length_only": lengths, "not_ties": len(diffs) - ties - lengths}
         rows.append(row)

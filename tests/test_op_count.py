@@ -95,6 +95,23 @@ def test_pipeline_speed_classifies_an_output_that_differs_from_greedy(tiny_dirs,
     assert all(row["differences_from_greedy"] == [] for name, row in rows.items() if name not in ("dspark@3", "mlx_lm"))
 
 
+def test_pipeline_speed_times_a_dequantized_copy_beside_the_quantized_target(tmp_path):
+    """--dequantized: dq: arms on the dense copy of a 4-bit target, their share of a bandwidth limit
+    of their own (more bytes), their tokens our greedy's (float32 CPU: no ties to fall either way)."""
+    from dspark_lab.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    head = build_tiny_dspark(tmp_path / "head", model, block_size=4)
+    mod = _benchmark("pipeline_speed")
+    r = mod.main(["--model", str(model), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
+                  "--max-new-tokens", "8", "--repeats", "1", "--no-compile", "--copy-mib", "16", "--dequantized"])
+    rows = {row["arm"]: row for row in r["rows"]}
+    assert {"dq:greedy", "dq:pipe+cd@3"} <= set(rows)
+    assert rows["dq:greedy"]["identical_to_greedy"] == "1/1" and rows["dq:pipe+cd@3"]["identical_to_plain_loop"] is None
+    q, dq = rows["greedy"], rows["dq:greedy"]
+    assert dq["fraction_of_limit"] > dq["tok_s"] / r["limit_tok_s"] * 1.01  # the copy reads more bytes: a lower limit
+
+
 def test_chain_agreement_counts_where_text_leaves_the_targets_path(tiny_dirs, tmp_path):
     """benchmarks/chain_agreement.py: on the target's own greedy output every position follows it
     and every slot is kept; on a copy whose text departs, the shares fall."""
