@@ -108,7 +108,7 @@ def test_pipeline_speed_times_a_dequantized_copy_beside_the_quantized_target(tmp
     rows = {row["arm"]: row for row in r["rows"]}
     assert {"dq:greedy", "dq:pipe+cd@3"} <= set(rows)
     assert rows["dq:greedy"]["identical_to_greedy"] == "1/1" and rows["dq:pipe+cd@3"]["identical_to_plain_loop"] is None
-    q, dq = rows["greedy"], rows["dq:greedy"]
+    dq = rows["dq:greedy"]
     assert dq["fraction_of_limit"] > dq["tok_s"] / r["limit_tok_s"] * 1.01  # the copy reads more bytes: a lower limit
 
 
