@@ -1,0 +1,154 @@
+"""Have the target write requests of its own (code or math), for distill data of more kinds than a template makes.
+
+`synthetic_prompts.py --kind code` crosses 64 classic tasks with 9 languages: 3,000 of its
+requests are 64 tasks asked many ways, while the held-out code set asks for an LRU cache, a
+TypeScript debounce, a Postgres report. Here the target itself, sampling, writes one request per
+(topic, language, kind of request) drawn from the lists below; its greedy answers to them are
+then the data (`distill --prompts FILE`, or GEN_PROMPTS in h200_corpus_heads.sh).
+
+    python benchmarks/self_instruct.py --model MODEL --kind code --n 3000 --out self_code.jsonl.gz
+
+Every request is cleaned (a leading "Sure, here is a request:" line and wrapping quotes dropped),
+and kept only if it is 30-1,500 characters, not a duplicate and not a built-in prompt. With
+`--target-weights auto` (distill's rule) a quantized target writes through its dequantized copy,
+much faster at these batch sizes (docs/performance.md, tenth round). On the GPU machine only:
+on a CPU this is slow, and nothing here may download a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CODE_TOPICS = [
+    "an LRU or TTL cache", "debouncing and throttling", "a REST API client with retries", "parsing dates and time zones",
+    "a command-line tool with subcommands", "reading and writing CSV files", "JSON validation", "regular expressions",
+    "a thread pool or worker queue", "async I/O", "a rate limiter", "pagination of API results", "a state machine",
+    "an event emitter", "dependency injection", "a plugin system", "unit tests with mocks", "error handling and custom exceptions",
+    "logging configuration", "configuration files", "a priority queue", "a graph search", "dynamic programming",
+    "string tokenizing", "a tiny expression interpreter", "a bank account class", "an inventory system", "a to-do list app",
+    "a linked list", "a binary search tree", "matrix operations", "image processing on pixel arrays", "a game loop",
+    "file system traversal", "hashing and checksums", "serialization", "iterators and generators", "decorators or middleware",
+    "closures", "generics", "interfaces or traits", "memory management", "concurrency bugs", "SQL schema design",
+    "database migrations", "a web form handler", "a React component", "websockets", "a URL shortener", "text statistics",
+    "unicode handling", "bit manipulation", "sorting records by several keys", "time series resampling", "a retry decorator",
+    "refactoring a long function", "speeding up a slow loop", "a Dockerfile", "git commands", "a bash pipeline",
+]
+CODE_LANGS = ["Python", "Python", "Python", "JavaScript", "TypeScript", "Go", "Rust", "C", "C++", "Java", "SQL", "bash"]
+CODE_KINDS = [
+    "ask for a function with a precise signature", "ask for a small class or module", "ask to fix a bug in a short snippet you include",
+    "ask to explain a concept with an example", "ask to convert a short snippet you include to another language",
+    "ask for a script that does a concrete job", "ask to optimize a short snippet you include", "ask for code and its tests",
+]
+MATH_TOPICS = [
+    "percentages and discounts", "ratios and proportions", "speed, distance and time", "circles", "triangles",
+    "probability with dice or cards", "simple and compound interest", "unit conversion", "linear equations",
+    "systems of two equations", "quadratic equations", "arithmetic and geometric sequences", "averages",
+    "work rates", "mixtures", "ages", "money and change", "fractions", "counting and arrangements",
+    "area and perimeter", "volume", "median and mode", "exponents", "derivatives", "integrals", "logarithms",
+]
+MATH_LEVELS = ["primary school", "middle school", "high school", "first-year university"]
+
+
+def meta_prompt(kind: str, r: random.Random) -> str:
+    """The request the target is asked to write, for one drawn topic."""
+    if kind == "code":
+        return (f"Write one realistic request that a developer might send to an AI coding assistant. "
+                f"Topic: {r.choice(CODE_TOPICS)}. Language: {r.choice(CODE_LANGS)}. The request should {r.choice(CODE_KINDS)}. "
+                "Be specific (names, inputs, constraints). Reply with the request only, no preamble.")
+    return (f"Write one {r.choice(MATH_LEVELS)} math word problem about {r.choice(MATH_TOPICS)}, with concrete numbers, "
+            "that has one correct answer. Reply with the problem only, no preamble and no solution.")
+
+
+def clean(text: str) -> str:
+    """The request itself: without a leading 'Here is a request:' line, wrapping quotes or a
+    'Request:' label."""
+    text = text.strip()
+    lines = text.splitlines()
+    if len(lines) > 1 and lines[0].rstrip().endswith(":") and len(lines[0]) < 80:
+        text = "\n".join(lines[1:]).strip()
+    for label in ("Request:", "**Request:**", "Problem:", "**Problem:**"):
+        if text.startswith(label):
+            text = text[len(label):].strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "\"'":
+        text = text[1:-1].strip()
+    return text
+
+
+def self_instruct(target, tokenizer, kind: str, n: int, *, seed: int = 0, temperature: float = 1.0,
+                  batch: int = 256, max_tokens: int = 160, exclude: set[str] = frozenset(), say=print) -> list[dict]:
+    """Up to n prompt records ({"id", "domain", "messages"}) the target wrote, none in exclude."""
+    import mlx.core as mx
+    from mlx_lm.generate import batch_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    from dspark_lab.engine.text import encode_prompt
+
+    r = random.Random(seed)
+    mx.random.seed(seed)
+    sampler = make_sampler(temp=temperature, top_p=0.95)
+    out, seen, asked = [], set(exclude), 0
+    for _ in range(3 * (n // batch + 1)):  # rejections are few; this bounds a model that writes nothing usable
+        if len(out) >= n:
+            break
+        metas = [meta_prompt(kind, r) for _ in range(batch)]
+        encoded = [encode_prompt(tokenizer, [{"role": "user", "content": m}]) for m in metas]
+        result = batch_generate(target.model, tokenizer, encoded, max_tokens=max_tokens, sampler=sampler,
+                                completion_batch_size=len(encoded), prefill_batch_size=min(len(encoded), 16))
+        asked += len(encoded)
+        for text in result.texts:
+            text = clean(text)
+            if not 30 <= len(text) <= 1500 or text in seen or "<|" in text:
+                continue
+            seen.add(text)
+            out.append({"id": f"self{kind}-{len(out) + 1:05d}", "domain": kind, "messages": [{"role": "user", "content": text}]})
+            if len(out) >= n:
+                break
+        say(f"{len(out)} of {n} requests kept from {asked} written")
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--kind", choices=["code", "math"], required=True)
+    ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--out", type=Path, required=True, help="a prompt JSONL (.jsonl or .jsonl.gz)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--target-weights", default="auto", choices=["auto", "dequantized", "as-loaded"])
+    a = ap.parse_args(argv)
+    from dspark_lab.engine.loading import load_target
+    from dspark_lab.lab.device import device_memory
+    from dspark_lab.lab.distill import training_target
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from synthetic_prompts import builtin_texts
+
+    target, tokenizer = load_target(a.model)
+    dense, why = training_target(target, a.target_weights, device_memory())
+    print(f"writing with {why}")
+    if dense:
+        target, _ = load_target(a.model, dequantize=True)
+    rows = self_instruct(target, tokenizer, a.kind, a.n, seed=a.seed, temperature=a.temperature, batch=a.batch,
+                         max_tokens=a.max_tokens, exclude=builtin_texts(a.kind))
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if a.out.suffix == ".gz":
+        with gzip.open(a.out, "wt") as f:
+            f.write(text)
+    else:
+        a.out.write_text(text)
+    print(f"{len(rows)} requests -> {a.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

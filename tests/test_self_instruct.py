@@ -1,0 +1,43 @@
+"""benchmarks/self_instruct.py: requests the target writes itself, cleaned, distinct, reproducible,
+never a built-in prompt, and loadable as a prompt file for distill."""
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+from dspark_lab import load_target
+from dspark_lab.lab.prompts import load_prompt_set
+
+_root = Path(__file__).resolve().parents[1] / "benchmarks"
+_spec = importlib.util.spec_from_file_location("self_instruct", _root / "self_instruct.py")
+si = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(si)
+
+
+def test_clean_keeps_only_the_request():
+    assert si.clean('Sure! Here is a request:\n"Write a Go function that sums a slice."') == "Write a Go function that sums a slice."
+    assert si.clean("Request: Fix this bug in my parser.") == "Fix this bug in my parser."
+    assert si.clean("  In Rust, write a tokenizer for arithmetic.\nIt should skip spaces.  ") == \
+        "In Rust, write a tokenizer for arithmetic.\nIt should skip spaces."
+
+
+def test_requests_are_distinct_reproducible_and_load_as_prompts(tiny_dirs, tmp_path):
+    target, tok = load_target(tiny_dirs["qwen3"])
+    said = []
+    rows = si.self_instruct(target, tok, "code", 12, seed=3, batch=8, max_tokens=40, say=said.append)
+    again = si.self_instruct(target, tok, "code", 12, seed=3, batch=8, max_tokens=40, say=lambda m: None)
+    assert rows and rows == again and said
+    texts = [r["messages"][0]["content"] for r in rows]
+    assert len(set(texts)) == len(texts) and all(30 <= len(t) <= 1500 for t in texts)
+    assert len({r["id"] for r in rows}) == len(rows)
+    # What is excluded never comes back (the CLI excludes the built-in set's texts this way).
+    kept = si.self_instruct(target, tok, "code", 12, seed=3, batch=8, max_tokens=40, exclude=set(texts[:3]), say=lambda m: None)
+    assert not set(texts[:3]) & {r["messages"][0]["content"] for r in kept}
+    out = tmp_path / "self_code.jsonl.gz"
+    written = si.main(["--model", str(tiny_dirs["qwen3"]), "--kind", "math", "--n", "5", "--batch", "8", "--max-tokens", "40",
+                       "--out", str(out)])
+    lines = gzip.open(out, "rt").read().splitlines()
+    assert [json.loads(line) for line in lines] == written
+    ps = load_prompt_set(str(out))
+    assert len(ps.prompts) == len(written) and {p.domain for p in ps.prompts} == {"math"}
