@@ -3,8 +3,8 @@
 `synthetic_prompts.py --kind code` crosses 64 classic tasks with 9 languages: 3,000 of its
 requests are 64 tasks asked many ways, while the held-out code set asks for an LRU cache, a
 TypeScript debounce, a Postgres report. Here the target itself, sampling, writes one request per
-(topic, language, kind of request) drawn from the lists below; its greedy answers to them are
-then the data (`distill --prompts FILE`, or GEN_PROMPTS in h200_corpus_heads.sh).
+(topic, language, kind of request) drawn from the lists below, whose topics stay away from the
+held-out set's subjects; its greedy answers to them are then the data (`distill --prompts FILE`, or GEN_PROMPTS in h200_corpus_heads.sh).
 
     python benchmarks/self_instruct.py --model MODEL --kind code --n 3000 --out self_code.jsonl.gz
 
@@ -26,19 +26,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# Topics of everyday programming work. Left out on purpose: the subjects of the held-out code
+# set's prompts (caches, debounce, rate limiters, worker pools, React components, Dockerfiles, git,
+# regular expressions, linked lists, serialization, pytest, shell one-liners, SQL reports, date
+# parsing), so that no request is steered toward a prompt the evaluation holds out.
 CODE_TOPICS = [
-    "an LRU or TTL cache", "debouncing and throttling", "a REST API client with retries", "parsing dates and time zones",
-    "a command-line tool with subcommands", "reading and writing CSV files", "JSON validation", "regular expressions",
-    "a thread pool or worker queue", "async I/O", "a rate limiter", "pagination of API results", "a state machine",
-    "an event emitter", "dependency injection", "a plugin system", "unit tests with mocks", "error handling and custom exceptions",
-    "logging configuration", "configuration files", "a priority queue", "a graph search", "dynamic programming",
-    "string tokenizing", "a tiny expression interpreter", "a bank account class", "an inventory system", "a to-do list app",
-    "a linked list", "a binary search tree", "matrix operations", "image processing on pixel arrays", "a game loop",
-    "file system traversal", "hashing and checksums", "serialization", "iterators and generators", "decorators or middleware",
-    "closures", "generics", "interfaces or traits", "memory management", "concurrency bugs", "SQL schema design",
-    "database migrations", "a web form handler", "a React component", "websockets", "a URL shortener", "text statistics",
-    "unicode handling", "bit manipulation", "sorting records by several keys", "time series resampling", "a retry decorator",
-    "refactoring a long function", "speeding up a slow loop", "a Dockerfile", "git commands", "a bash pipeline",
+    "a REST API client with retries", "a command-line tool with subcommands", "reading and writing CSV files",
+    "JSON validation", "async I/O", "pagination of API results", "a state machine", "an event emitter",
+    "dependency injection", "a plugin system", "error handling and custom exceptions", "logging configuration",
+    "configuration files", "a priority queue", "a graph search", "dynamic programming", "string tokenizing",
+    "a tiny expression interpreter", "a bank account class", "an inventory system", "a to-do list app",
+    "a binary search tree", "matrix operations", "image processing on pixel arrays", "a game loop",
+    "file system traversal", "hashing and checksums", "iterators and generators", "decorators or middleware",
+    "closures", "generics", "interfaces or traits", "memory management", "concurrency bugs", "database migrations",
+    "a web form handler", "websockets", "a URL shortener", "text statistics", "unicode handling", "bit manipulation",
+    "sorting records by several keys", "time series resampling", "a retry decorator", "refactoring a long function",
+    "speeding up a slow loop", "a tic-tac-toe engine", "a markdown-to-HTML converter", "a simple HTTP server",
+    "a chess move validator", "a library checkout system", "a spreadsheet formula evaluator",
 ]
 CODE_LANGS = ["Python", "Python", "Python", "JavaScript", "TypeScript", "Go", "Rust", "C", "C++", "Java", "SQL", "bash"]
 CODE_KINDS = [
