@@ -68,13 +68,29 @@ def _math_families(r: random.Random):
     yield f"The average of {c} numbers is {a}. When one more number is added, the average becomes {a + 1}. What number was added?"
 
 
-def synthetic_math_prompts(n: int, seed: int = 0, exclude: set[str] = frozenset()) -> list[dict]:
-    """n prompt records ({"id", "domain", "text"} or {"messages"}), none whose text is in exclude."""
+# Families (indices into _math_families) whose wording mirrors a held-out built-in math prompt:
+# discount then tax (math-004), "Solve for x: ax + b = cx + d" (math-002), the system of equations
+# (math-009), two legs of a drive (math-001), a rectangle's area and perimeter (math-014), two pipes
+# and a tank (math-021), "Find the derivative of" (math-005), "Evaluate the definite integral of"
+# (math-006), compound interest (math-010), "the greatest common divisor and the least common
+# multiple of" (math-011). The ninth round's file was made with them; the tenth round's math
+# acceptance is 3.48 on the five evaluated prompts they mirror and 2.29 on the other three
+# (docs/performance.md), so a clean math evaluation needs them left out: --no-mirrors.
+MIRROR_FAMILIES = frozenset({2, 3, 4, 5, 6, 9, 14, 15, 18, 21})
+
+
+def synthetic_math_prompts(n: int, seed: int = 0, exclude: set[str] = frozenset(), mirrors: bool = True) -> list[dict]:
+    """n prompt records ({"id", "domain", "text"} or {"messages"}), none whose text is in exclude;
+    with mirrors=False none from a family in MIRROR_FAMILIES (the same random draws otherwise, so
+    mirrors=True reproduces the files made before the option existed)."""
     r = random.Random(seed)
     out, seen = [], set(exclude)
     while len(out) < n:
         family = list(_math_families(r))
-        text = r.choice(family)
+        index = r.randrange(len(family))
+        text = family[index]
+        if not mirrors and index in MIRROR_FAMILIES:
+            continue
         if text in seen:
             continue
         seen.add(text)
@@ -260,13 +276,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--exclude", type=Path, action="append", default=[],
                     help="a prompt file whose texts to leave out too (repeatable): a second file of fresh prompts, after a first")
+    ap.add_argument("--no-mirrors", action="store_true",
+                    help="math: leave out the problem families whose wording mirrors a held-out built-in prompt (MIRROR_FAMILIES)")
     a = ap.parse_args(argv)
-    make = synthetic_math_prompts if a.kind == "math" else synthetic_code_prompts
     exclude = builtin_texts(a.kind)
     for path in a.exclude:
         exclude |= file_texts(path)
     try:
-        rows = make(a.n, a.seed, exclude)
+        if a.kind == "math":
+            rows = synthetic_math_prompts(a.n, a.seed, exclude, mirrors=not a.no_mirrors)
+        else:
+            rows = synthetic_code_prompts(a.n, a.seed, exclude)
     except ValueError as e:
         ap.error(str(e))
     a.out.write_text("".join(json.dumps(row) + "\n" for row in rows))

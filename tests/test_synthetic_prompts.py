@@ -68,3 +68,25 @@ def test_exclude_makes_a_second_file_of_fresh_prompts(tmp_path, capsys):
     again = tmp_path / "again.jsonl"
     synth.main(["--kind", "code", "--n", "300", "--seed", "1", "--out", str(again)])
     assert a & {_text(json.loads(line)) for line in again.read_text().splitlines()}
+
+
+def test_no_mirrors_leaves_out_the_families_that_copy_held_out_wording():
+    """Ten math families copy the wording of held-out prompts (the tenth round's finding); with
+    mirrors=False none of them appears, and mirrors=True still makes the files made before."""
+    twins = ("Evaluate the definite integral", "Solve the system of equations", "Find the derivative", "discounted by",
+             "compounded yearly", "greatest common divisor", "A car drives", "A tank holds", "A rectangle is", "Solve for x:")
+    default = [_text(r) for r in synth.synthetic_math_prompts(1500, seed=0)]
+    clean = [_text(r) for r in synth.synthetic_math_prompts(1500, seed=0, mirrors=False)]
+    assert all(any(t in x for x in default) for t in twins)  # not vacuous: the default makes every one
+    assert not any(t in x for t in twins for x in clean)
+    assert len(set(clean)) == 1500
+
+
+def test_the_ninth_rounds_math_file_is_remade_byte_for_byte():
+    """`--kind math --n 2500` (seed 0) is the file the ninth and tenth rounds trained on; its sha256
+    is pinned so that no change to the generator silently changes what a seed makes."""
+    import hashlib
+
+    rows = synth.synthetic_math_prompts(2500, 0, synth.builtin_texts("math"))
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    assert hashlib.sha256(text.encode()).hexdigest() == "258188f9e5b0853c12d4bab708031a2f8fb26a30ccab804b8b59d3d64c010c36"
