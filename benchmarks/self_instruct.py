@@ -4,12 +4,14 @@
 requests are 64 tasks asked many ways, while the held-out code set asks for an LRU cache, a
 TypeScript debounce, a Postgres report. Here the target itself, sampling, writes one request per
 (topic, language, kind of request) drawn from the lists below, whose topics stay away from the
-held-out set's subjects; its greedy answers to them are then the data (`distill --prompts FILE`, or GEN_PROMPTS in h200_corpus_heads.sh).
+held-out set's subjects; its greedy answers to them are then the data (`distill --prompts FILE`,
+or GEN_PROMPTS in h200_corpus_heads.sh).
 
     python benchmarks/self_instruct.py --model MODEL --kind code --n 3000 --out self_code.jsonl.gz
 
 Every request is cleaned (a leading "Sure, here is a request:" line and wrapping quotes dropped),
-and kept only if it is 30-1,500 characters, not a duplicate and not a built-in prompt. With
+and kept only if the target finished it within --max-tokens (a request cut off mid-sentence is
+not one a user sends), it is 30-1,500 characters, not a duplicate and not a built-in prompt. With
 `--target-weights auto` (distill's rule) a quantized target writes through its dequantized copy,
 much faster at these batch sizes (docs/performance.md, tenth round). On the GPU machine only:
 on a CPU this is slow, and nothing here may download a model.
@@ -86,8 +88,10 @@ def clean(text: str) -> str:
 
 
 def self_instruct(target, tokenizer, kind: str, n: int, *, seed: int = 0, temperature: float = 1.0,
-                  batch: int = 256, max_tokens: int = 160, exclude: set[str] = frozenset(), say=print) -> list[dict]:
-    """Up to n prompt records ({"id", "domain", "messages"}) the target wrote, none in exclude."""
+                  batch: int = 256, max_tokens: int = 160, exclude: set[str] = frozenset(), keep_unfinished: bool = False,
+                  say=print) -> list[dict]:
+    """Up to n prompt records ({"id", "domain", "messages"}) the target wrote, none in exclude, and
+    (unless keep_unfinished) none it was still writing when max_tokens ran out."""
     import mlx.core as mx
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
@@ -103,10 +107,12 @@ def self_instruct(target, tokenizer, kind: str, n: int, *, seed: int = 0, temper
             break
         metas = [meta_prompt(kind, r) for _ in range(batch)]
         encoded = [encode_prompt(tokenizer, [{"role": "user", "content": m}]) for m in metas]
-        result = batch_generate(target.model, tokenizer, encoded, max_tokens=max_tokens, sampler=sampler,
+        result = batch_generate(target.model, tokenizer, encoded, max_tokens=max_tokens, sampler=sampler, return_token_ids=True,
                                 completion_batch_size=len(encoded), prefill_batch_size=min(len(encoded), 16))
         asked += len(encoded)
-        for text in result.texts:
+        for text, ids in zip(result.texts, result.token_ids):
+            if len(ids) >= max_tokens and not keep_unfinished:
+                continue
             text = clean(text)
             if not 30 <= len(text) <= 1500 or text in seen or "<|" in text:
                 continue
@@ -128,6 +134,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--keep-unfinished", action="store_true", help="keep requests still being written at --max-tokens")
     ap.add_argument("--target-weights", default="auto", choices=["auto", "dequantized", "as-loaded"])
     a = ap.parse_args(argv)
     from dspark_lab.engine.loading import load_target
@@ -143,7 +150,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if dense:
         target, _ = load_target(a.model, dequantize=True)
     rows = self_instruct(target, tokenizer, a.kind, a.n, seed=a.seed, temperature=a.temperature, batch=a.batch,
-                         max_tokens=a.max_tokens, exclude=builtin_texts(a.kind))
+                         max_tokens=a.max_tokens, exclude=builtin_texts(a.kind), keep_unfinished=a.keep_unfinished)
     text = "".join(json.dumps(row) + "\n" for row in rows)
     if a.out.suffix == ".gz":
         with gzip.open(a.out, "wt") as f:

@@ -25,19 +25,39 @@ def test_clean_keeps_only_the_request():
 def test_requests_are_distinct_reproducible_and_load_as_prompts(tiny_dirs, tmp_path):
     target, tok = load_target(tiny_dirs["qwen3"])
     said = []
-    rows = si.self_instruct(target, tok, "code", 12, seed=3, batch=8, max_tokens=40, say=said.append)
-    again = si.self_instruct(target, tok, "code", 12, seed=3, batch=8, max_tokens=40, say=lambda m: None)
+    rows = si.self_instruct(target, tok, "code", 12, seed=3, batch=8, max_tokens=40, keep_unfinished=True, say=said.append)
+    again = si.self_instruct(target, tok, "code", 12, seed=3, batch=8, max_tokens=40, keep_unfinished=True, say=lambda m: None)
     assert rows and rows == again and said
     texts = [r["messages"][0]["content"] for r in rows]
     assert len(set(texts)) == len(texts) and all(30 <= len(t) <= 1500 for t in texts)
     assert len({r["id"] for r in rows}) == len(rows)
     # What is excluded never comes back (the CLI excludes the built-in set's texts this way).
-    kept = si.self_instruct(target, tok, "code", 12, seed=3, batch=8, max_tokens=40, exclude=set(texts[:3]), say=lambda m: None)
+    kept = si.self_instruct(target, tok, "code", 12, seed=3, batch=8, max_tokens=40, exclude=set(texts[:3]), keep_unfinished=True,
+                          say=lambda m: None)
     assert not set(texts[:3]) & {r["messages"][0]["content"] for r in kept}
     out = tmp_path / "self_code.jsonl.gz"
     written = si.main(["--model", str(tiny_dirs["qwen3"]), "--kind", "math", "--n", "5", "--batch", "8", "--max-tokens", "40",
-                       "--out", str(out)])
+                       "--keep-unfinished", "--out", str(out)])
     lines = gzip.open(out, "rt").read().splitlines()
     assert [json.loads(line) for line in lines] == written
     ps = load_prompt_set(str(out))
     assert len(ps.prompts) == len(written) and {p.domain for p in ps.prompts} == {"math"}
+
+
+def test_requests_cut_off_by_max_tokens_are_dropped(tiny_dirs, monkeypatch):
+    """A request the target was still writing when max_tokens ran out is not kept."""
+    import importlib
+    from types import SimpleNamespace
+
+    target, tok = load_target(tiny_dirs["qwen3"])
+    texts = ["Write a Go function that parses a duration string and returns seconds.",
+             "In Python, write a class for a bank account with deposit and withdraw methods, and"]
+
+    def fake(model, tokenizer, prompts, max_tokens, **kw):
+        assert kw["return_token_ids"]
+        return SimpleNamespace(texts=texts * (len(prompts) // 2), token_ids=[[1] * 12, [1] * max_tokens] * (len(prompts) // 2))
+
+    # The module, not mlx_lm's `generate` function of the same name.
+    monkeypatch.setattr(importlib.import_module("mlx_lm.generate"), "batch_generate", fake)
+    rows = si.self_instruct(target, tok, "code", 5, batch=4, max_tokens=40, say=lambda m: None)
+    assert [r["messages"][0]["content"] for r in rows] == texts[:1]  # the finished one, once (then duplicates)
