@@ -77,6 +77,10 @@ def _math_families(r: random.Random):
 # acceptance is 3.48 on the five evaluated prompts they mirror and 2.29 on the other three
 # (docs/performance.md), so a clean math evaluation needs them left out: --no-mirrors.
 MIRROR_FAMILIES = frozenset({2, 3, 4, 5, 6, 9, 14, 15, 18, 21})
+# The built-in math prompts those families copy (five of them among the eight a round evaluates):
+# their acceptance says how well the head learnt a template, the others' how well it generalizes.
+MIRRORED_PROMPTS = frozenset({"math-001", "math-002", "math-004", "math-005", "math-006", "math-009", "math-010", "math-011",
+                              "math-014", "math-021"})
 
 
 def synthetic_math_prompts(n: int, seed: int = 0, exclude: set[str] = frozenset(), mirrors: bool = True) -> list[dict]:

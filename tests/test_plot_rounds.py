@@ -29,7 +29,20 @@ def test_rounds_are_summarized_per_set_in_round_order_and_rendered(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     spec = plot.chart(rows).to_dict()
     qwen = spec["vconcat"][0]
-    assert qwen["layer"][1]["data"]["values"] == [{"set": "code", "goal": 3.0}, {"set": "math", "goal": 3.0}, {"set": "chat", "goal": 2.0}]
+    assert qwen["layer"][1]["data"]["values"] == [{"set": "code", "goal": 3.0}, {"set": "math", "goal": 3.0}, {"set": "chat", "goal": 2.0},
+                                                   {"set": "math (no twin)", "goal": 3.0}]
+
+
+def test_a_math_bar_leaves_out_the_prompts_a_training_template_copies(tmp_path):
+    """math-001 has a twin among the synthetic math families (MIRRORED_PROMPTS); math-003 has none."""
+    f = tmp_path / "eval9_q.json"
+    f.write_text(json.dumps({"model": "/m/qwen2.5-coder-0.5b-q4-bfloat16", "rows": [
+        {"prompt": "math-001", "set": "math", "arm": "dspark", "mean_accept": 4.0},
+        {"prompt": "math-003", "set": "math", "arm": "dspark", "mean_accept": 2.0}]}))
+    rows = {r["set"]: r for r in plot.summarize([f])}
+    assert "math-001" in plot.MIRRORED_PROMPTS and "math-003" not in plot.MIRRORED_PROMPTS
+    assert rows["math"]["mean_accept"] == 3.0 and rows["math (no twin)"]["mean_accept"] == 2.0
+    assert rows["math (no twin)"]["prompts"] == 1
 
 
 def test_files_without_evaluated_prompts_are_a_clear_error(tmp_path):
