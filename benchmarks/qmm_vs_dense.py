@@ -11,14 +11,19 @@ make the target's side of distill faster, while decoding keeps the 4-bit kernels
 
 Each shape is (in, out) of a Linear layer: the defaults are Qwen2.5-Coder-0.5B's MLP and vocab.
 With --model DIR (a quantized mlx-lm model) it also times the whole forward, the model as loaded
-against mlx-lm's dequantize_model copy, over --batches BxL token blocks (no cache: B x L is the
-training step's shape; 256x1 is the matmul part of a 256-row generation step).
+against its dequantized copy (`load_target(dequantize=True)`, what distill trains on), over
+--batches BxL token blocks (no cache: B x L is the training step's shape; 256x1 is the matmul
+part of a 256-row generation step).
 """
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's dspark_lab
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -50,13 +55,10 @@ def compare(m: int, d_in: int, d_out: int, *, bits: int, group: int, repeats: in
 
 
 def model_forward(path: str, batches: list[tuple[int, int]], repeats: int) -> list[dict]:
-    from mlx_lm import load
-    from mlx_lm.utils import dequantize_model
+    from dspark_lab.engine.loading import load_target
 
-    quantized, _ = load(path)
-    dense, _ = load(path)
-    dense = dequantize_model(dense)
-    mx.eval(dense.parameters())
+    quantized = load_target(path)[0].model
+    dense = load_target(path, dequantize=True)[0].model  # the copy distill trains on
     rows = []
     for b, n in batches:
         ids = mx.random.randint(0, 1000, (b, n), key=mx.random.key(2))

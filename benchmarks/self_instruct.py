@@ -138,17 +138,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--target-weights", default="auto", choices=["auto", "dequantized", "as-loaded"])
     a = ap.parse_args(argv)
     from dspark_lab.engine.loading import load_target
-    from dspark_lab.lab.device import device_memory
-    from dspark_lab.lab.distill import training_target
+    from dspark_lab.lab.distill import training_copy
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from synthetic_prompts import builtin_texts
 
     target, tokenizer = load_target(a.model)
-    dense, why = training_target(target, a.target_weights, device_memory())
+    target, _, why = training_copy(a.model, target, a.target_weights)
     print(f"writing with {why}")
-    if dense:
-        target, _ = load_target(a.model, dequantize=True)
     rows = self_instruct(target, tokenizer, a.kind, a.n, seed=a.seed, temperature=a.temperature, batch=a.batch,
                          max_tokens=a.max_tokens, exclude=builtin_texts(a.kind), keep_unfinished=a.keep_unfinished)
     text = "".join(json.dumps(row) + "\n" for row in rows)

@@ -167,6 +167,20 @@ def training_target(target: Target, setting: str, memory: int | None) -> tuple[b
     return True, f"a dequantized copy of the target ({size} more; the same weights as plain matmuls, faster at batch sizes above one)"
 
 
+def training_copy(model: str, target: Target, setting: str, taps=None) -> tuple[Target, bool, str]:
+    """The Target that makes distill's data and runs its training forward, as `training_target`
+    decides: `target` itself, or a dequantized copy loaded from `model` (probed on `taps`, as the
+    target was); then whether it is the copy, and why."""
+    from ..engine.loading import load_target
+    from .device import device_memory
+
+    dense, why = training_target(target, setting, device_memory())
+    if not dense:
+        return target, False, why
+    copy, _ = load_target(model, dequantize=True, taps=taps)
+    return copy, True, why
+
+
 # --- data -------------------------------------------------------------------------------------
 
 def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[str], None],
@@ -561,7 +575,6 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..engine.loading import load_target
-    from .device import device_memory
 
     out = Path(cfg.out)
     ckpt = out / "checkpoint"
@@ -581,12 +594,8 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     target.probe(c.target_layer_ids)
     # The data's continuations and the training forward come from `teacher`; the held-out
     # evaluation decodes with `target`, the model the head will draft for.
-    dense, why = training_target(target, cfg.target_weights, device_memory())
+    teacher, dense, why = training_copy(cfg.model, target, cfg.target_weights, c.target_layer_ids)
     say(f"data and training forward: {why}")
-    teacher = target
-    if dense:
-        teacher, _ = load_target(cfg.model, dequantize=True)
-        teacher.probe(c.target_layer_ids)
     data, held = prepare_data(teacher, tokenizer, cfg, say, "dequantized" if dense else "as-loaded")
     if cfg.data_only:
         say(f"data ready in {out / 'data.jsonl'}: {len(data)} sequences, {answer_tokens(data)} answer tokens; "
