@@ -173,7 +173,7 @@ def main(argv=None) -> dict:
         same_plain = sum(tokens[(name, i)] == tokens[(plain, i)] for i in range(len(prompts))) if plain != name and plain in arms else None
         acc = accepts[name]
         row = {"arm": name, "tok_s": round(med[name], 1), "vs_greedy": round(med[name] / med["greedy"], 3),
-               "vs_mlx_lm": round(med[name] / med["mlx_lm"], 3), "fraction_of_limit": round(med[name] / (dq_limit if name.startswith("dq:") else limit), 4), "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None,
+               "vs_mlx_lm": round(med[name] / med["mlx_lm"], 3), "fraction_of_limit": round(med[name] / (dq_limit if name.startswith("dq:") else limit), 6), "mean_accept_len": round(sum(acc) / len(acc), 3) if acc else None,
                "identical_to_greedy": f"{same}/{len(prompts)}", "identical_to_plain_loop": None if same_plain is None else f"{same_plain}/{len(prompts)}",
                "differences_from_greedy": diffs, "ties": ties, "length_only": lengths, "not_ties": len(diffs) - ties - lengths}
         rows.append(row)
