@@ -24,9 +24,22 @@ overlap with them, as a train split overlaps its test split.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 from pathlib import Path
+
+# Draws in a row that may find nothing new before a generator says its space is used up: with
+# --exclude files taking most of the distinct prompts, asking for more would otherwise loop forever.
+MAX_MISSES = 200_000
+
+
+def _used_up(kind: str, made: int, n: int) -> ValueError:
+    return ValueError(
+        f"only {made} of the {n} {kind} prompts asked for could be made: the generator's distinct {kind} "
+        f"prompts ({MAX_MISSES:,} draws in a row found nothing new) are taken by the built-in set and the "
+        f"--exclude files. Ask for fewer (--n {made}) or leave out an --exclude file."
+    )
 
 NAMES = ["Ava", "Ben", "Chen", "Dara", "Elif", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kemi", "Luis",
          "Maya", "Noor", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tara", "Uma", "Victor", "Wen", "Yara"]
@@ -88,7 +101,7 @@ def synthetic_math_prompts(n: int, seed: int = 0, exclude: set[str] = frozenset(
     with mirrors=False none from a family in MIRROR_FAMILIES (the same random draws otherwise, so
     mirrors=True reproduces the files made before the option existed)."""
     r = random.Random(seed)
-    out, seen = [], set(exclude)
+    out, seen, misses = [], set(exclude), 0
     while len(out) < n:
         family = list(_math_families(r))
         index = r.randrange(len(family))
@@ -96,8 +109,12 @@ def synthetic_math_prompts(n: int, seed: int = 0, exclude: set[str] = frozenset(
         if not mirrors and index in MIRROR_FAMILIES:
             continue
         if text in seen:
+            misses += 1
+            if misses > MAX_MISSES:
+                raise _used_up("math", len(out), n)
             continue
         seen.add(text)
+        misses = 0
         pid = f"mathsynth-{len(out) + 1:05d}"
         if r.random() < 0.5:
             out.append({"id": pid, "domain": "math", "text": text})
@@ -220,7 +237,7 @@ def _code_name(name: str, lang: str) -> str:
 def synthetic_code_prompts(n: int, seed: int = 0, exclude: set[str] = frozenset()) -> list[dict]:
     """n code-request prompt records ({"id", "domain", "messages"}), none whose text is in exclude."""
     r = random.Random(seed)
-    out, seen = [], set(exclude)
+    out, seen, misses = [], set(exclude), 0
     if n > len(CODE_TASKS) * len(set(CODE_LANGS)) * len(CODE_EXTRAS) * 3:
         raise ValueError(f"--n {n} is more than the distinct code prompts this generator can make.")
     while len(out) < n:
@@ -242,8 +259,12 @@ def synthetic_code_prompts(n: int, seed: int = 0, exclude: set[str] = frozenset(
                 f"How would you write a {lang} program that {task}?{extra}",
             ])
         if text in seen:
+            misses += 1
+            if misses > MAX_MISSES:
+                raise _used_up("code", len(out), n)
             continue
         seen.add(text)
+        misses = 0
         out.append({"id": f"codesynth-{len(out) + 1:05d}", "domain": "code", "messages": [{"role": "user", "content": text}]})
     return out
 
@@ -293,7 +314,12 @@ def main(argv: list[str] | None = None) -> None:
             rows = synthetic_code_prompts(a.n, a.seed, exclude)
     except ValueError as e:
         ap.error(str(e))
-    a.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if a.out.suffix == ".gz":  # the ship parts carry prompt files gzipped; the prompt loader reads either
+        with gzip.open(a.out, "wt") as f:
+            f.write(text)
+    else:
+        a.out.write_text(text)
     print(f"{len(rows)} prompts -> {a.out}")
 
 

@@ -90,3 +90,31 @@ def test_the_ninth_rounds_math_file_is_remade_byte_for_byte():
     rows = synth.synthetic_math_prompts(2500, 0, synth.builtin_texts("math"))
     text = "".join(json.dumps(row) + "\n" for row in rows)
     assert hashlib.sha256(text.encode()).hexdigest() == "258188f9e5b0853c12d4bab708031a2f8fb26a30ccab804b8b59d3d64c010c36"
+
+
+def test_a_space_used_up_by_exclusions_is_a_clear_error_not_a_hang(monkeypatch):
+    """Asking for more fresh prompts than the --exclude files leave once looped forever (a third
+    code file after 9,000 made); now the generator stops and says how many it could make. The
+    generators' spaces are shrunk so that using one up takes a moment."""
+    monkeypatch.setattr(synth, "MAX_MISSES", 2000)
+    # Code: one task in one language, one SQL and one shell task: 18 + 6 + 6 distinct prompts.
+    monkeypatch.setattr(synth, "CODE_TASKS", [("add", "adds two numbers")])
+    monkeypatch.setattr(synth, "CODE_LANGS", ["Python"])
+    monkeypatch.setattr(synth, "SQL_TASKS", [("orders(id, total)", "sums the totals")])
+    monkeypatch.setattr(synth, "SHELL_TASKS", ["lists files"])
+    taken = {_text(r) for r in synth.synthetic_code_prompts(15, seed=0)}
+    with pytest.raises(ValueError, match=r"only 15 of the 18 code prompts .* \(--n 15\)"):
+        synth.synthetic_code_prompts(18, seed=1, exclude=taken)
+    assert len(synth.synthetic_code_prompts(15, seed=1, exclude=taken)) == 15  # what is left is still made
+    # Math: a single family of five problems.
+    monkeypatch.setattr(synth, "_math_families", lambda r: iter([f"What is {r.randint(1, 5)} + 1?"]))
+    with pytest.raises(ValueError, match=r"only 5 of the 6 math prompts"):
+        synth.synthetic_math_prompts(6, seed=0)
+    assert len(synth.synthetic_math_prompts(5, seed=0)) == 5
+
+
+def test_a_gz_out_is_written_gzipped_and_loads(tmp_path):
+    out = tmp_path / "code_synth.jsonl.gz"
+    synth.main(["--kind", "code", "--n", "50", "--out", str(out)])
+    assert out.read_bytes()[:2] == b"\x1f\x8b"
+    assert len(load_prompt_set(str(out)).prompts) == 50
