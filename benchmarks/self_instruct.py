@@ -24,6 +24,7 @@ import gzip
 import json
 import random
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -88,7 +89,7 @@ def clean(text: str) -> str:
 
 
 def self_instruct(target, tokenizer, kind: str, n: int, *, seed: int = 0, temperature: float = 1.0,
-                  batch: int = 256, max_tokens: int = 160, exclude: set[str] = frozenset(), keep_unfinished: bool = False,
+                  batch: int = 1024, max_tokens: int = 160, exclude: set[str] = frozenset(), keep_unfinished: bool = False,
                   say=print) -> list[dict]:
     """Up to n prompt records ({"id", "domain", "messages"}) the target wrote, none in exclude, and
     (unless keep_unfinished) none it was still writing when max_tokens ran out."""
@@ -101,15 +102,16 @@ def self_instruct(target, tokenizer, kind: str, n: int, *, seed: int = 0, temper
     r = random.Random(seed)
     mx.random.seed(seed)
     sampler = make_sampler(temp=temperature, top_p=0.95)
-    out, seen, asked = [], set(exclude), 0
+    out, seen, asked, written, start = [], set(exclude), 0, 0, time.perf_counter()
     for _ in range(3 * (n // batch + 1)):  # rejections are few; this bounds a model that writes nothing usable
         if len(out) >= n:
             break
         metas = [meta_prompt(kind, r) for _ in range(batch)]
         encoded = [encode_prompt(tokenizer, [{"role": "user", "content": m}]) for m in metas]
         result = batch_generate(target.model, tokenizer, encoded, max_tokens=max_tokens, sampler=sampler, return_token_ids=True,
-                                completion_batch_size=len(encoded), prefill_batch_size=min(len(encoded), 16))
+                                completion_batch_size=len(encoded), prefill_batch_size=min(len(encoded), 64))
         asked += len(encoded)
+        written += sum(len(ids) for ids in result.token_ids)
         for text, ids in zip(result.texts, result.token_ids):
             if len(ids) >= max_tokens and not keep_unfinished:
                 continue
@@ -120,7 +122,9 @@ def self_instruct(target, tokenizer, kind: str, n: int, *, seed: int = 0, temper
             out.append({"id": f"self{kind}-{len(out) + 1:05d}", "domain": kind, "messages": [{"role": "user", "content": text}]})
             if len(out) >= n:
                 break
-        say(f"{len(out)} of {n} requests kept from {asked} written")
+        seconds = time.perf_counter() - start
+        say(f"{len(out)} of {n} requests kept from {asked} written ({written} tokens in {seconds:.0f} s, "
+            f"{written / max(seconds, 1e-9):.0f} tokens/s)")
     return out
 
 
@@ -132,7 +136,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--out", type=Path, required=True, help="a prompt JSONL (.jsonl or .jsonl.gz)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1024,
+                    help="requests written at once; every batch waits for its longest, so more at once is faster "
+                         "(in the eleventh round, 256 at once: 4,864 requests in 196 s on the H200, the load included)")
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--keep-unfinished", action="store_true", help="keep requests still being written at --max-tokens")
     ap.add_argument("--target-weights", default="auto", choices=["auto", "dequantized", "as-loaded"])
