@@ -182,6 +182,33 @@ def test_time_budget_stops_training_and_still_saves_a_measured_head(tiny_dirs, t
     assert {v.dtype for v in mx.load(str(out / "model.safetensors")).values()} == {mx.bfloat16}
 
 
+def test_the_final_head_is_on_disk_before_the_last_evaluation(tiny_dirs, tmp_path, monkeypatch):
+    """A poller that sees the checkpoint's last step takes the final weights: the loadable head
+    is written with the last checkpoint, before the held-out evaluation of a run the time budget
+    stopped (the eleventh round's poll took the previous checkpoint's weights in that window)."""
+    import mlx.core as mx
+
+    import dspark_lab.lab.distill as dl
+
+    out, seen = tmp_path / "head", []
+    real = dl.evaluate
+
+    def evaluate(target, tokenizer, head, held, cap, **kw):
+        state = json.loads((out / "checkpoint" / "state.json").read_text())["step"]
+        ckpt = mx.load(str(out / "checkpoint" / "head.safetensors"))
+        saved = mx.load(str(out / "model.safetensors")) if (out / "model.safetensors").exists() else {}
+        same = bool(saved) and all(mx.array_equal(saved[k], ckpt[k].astype(saved[k].dtype)).item() for k in ckpt)
+        seen.append((state, same))
+        return real(target, tokenizer, head, held, cap, **kw)
+
+    monkeypatch.setattr(dl, "evaluate", evaluate)
+    # No checkpoint comes round in the loop (every 100,000 steps), so only the end's save can be there.
+    distill(config(tiny_dirs["qwen3"], out, steps=100_000, minutes=0.03, batch=1, tokens=60, eval_every=100_000,
+                   checkpoint_every=100_000), progress=False, say=lambda m: None)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert seen == [(len(log), True)]
+
+
 def test_batched_data_are_the_targets_greedy_continuations(tiny_dirs, trained):
     """Batched generation pads prompts together; its continuations must still be the model's greedy
     output (float32 on the CPU: no rounding-step ties), spot-checked against one-by-one decoding."""

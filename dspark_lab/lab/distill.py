@@ -657,12 +657,15 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
                 _save_loadable(head, c, target, out, cfg.save_dtype)
     log.close()
     _save_checkpoint(head, optimizer, ckpt, step)  # the last step, however the loop ended
+    # The final head is written before the held-out evaluation below, not after it: a poller that
+    # sees the checkpoint's last step (h200_collect.sh prints it) takes these weights, not the
+    # previous checkpoint's (the eleventh round spent a 45 MB poll on those).
+    _save_loadable(head, c, target, out, cfg.save_dtype)
     final = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     if final and "mean_accept_len" not in final[-1]:  # stopped by the time budget: measure the head as saved
         final[-1]["mean_accept_len"] = evaluate(target, tokenizer, head, held, cap)
         say(f"step {step}: held-out mean accept length {final[-1]['mean_accept_len']:.2f} at cap {cap}")
         (out / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in final))
-    _save_loadable(head, c, target, out, cfg.save_dtype)
     accept = next((e["mean_accept_len"] for e in reversed(final) if "mean_accept_len" in e), None)
     write_model_card(out, cfg, c, data, held, final, accept, cap, why)
     return out
