@@ -7,7 +7,8 @@
 # bfloat16 model.safetensors (15 MB for the SmolLM2 head).
 # A call returns at most 8 files of 16 MiB each, 64 MiB in all, so: config.json, the weights
 # (whole, or in 15 MB parts, see below),
-# and one results.tar.gz with the card, the evaluation and timing JSON, every log, and the data's
+# and one results.tar.gz with the card, the evaluation and timing JSON, every log, the requests the
+# target wrote itself (SELF_INSTRUCT), and the data's
 # generated rows (the target's own continuations: made on the GPU's clock, lost with the machine
 # otherwise; the read corpus rows are left out, they are rebuilt on any machine).
 # A head over 45 MB (the 2-layer Qwen 0.5B head is 103 MB: 7 parts) comes back 3 parts a call, and
@@ -55,7 +56,8 @@ if [ -f "$weights" ]; then
   fi
 fi
 [ -f "$run/data.jsonl" ] && grep -v '"generation": "corpus"' "$run/data.jsonl" > "$run/generated.jsonl"
-files=$(cd "$run" && ls generated.jsonl README.md eval.json pipeline.json overlap.json train_log.jsonl distill.log eval.log timing.log 2>/dev/null)
+files=$(cd "$run" && ls generated.jsonl README.md eval.json pipeline.json overlap.json train_log.jsonl distill.log eval.log timing.log \
+  self_instruct.log self_*.jsonl.gz 2>/dev/null)
 [ -n "$files" ] && tar czf "$out/results.tar.gz" -C "$run" $files
 [ -f "$run/checkpoint/state.json" ] && echo "checkpoint: $(cat "$run/checkpoint/state.json")"
 ls -la "$out"

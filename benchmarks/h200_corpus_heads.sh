@@ -19,7 +19,7 @@
 # INIT=DIR or RESUME=1, CKPT (checkpoint every N steps: a crash keeps the last one), CACHE_GB
 # (cap MLX's buffer cache: needed when two runs share one GPU; two uncapped runs ran an H200 out
 # of memory), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
-# nothing), GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TIMING (below).
+# nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TIMING (below).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 name=$1
@@ -30,7 +30,7 @@ case $name in
   *) echo "unknown head $name (smol, qwen05, qwen15)"; exit 2 ;;
 esac
 arch=${ARCH:-$arch}  # e.g. ARCH="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 2048"
-run=/tmp/$name
+run=${RUN_DIR:-/tmp/$name}  # where h200_collect.sh NAME looks; RUN_DIR only for the tests
 mkdir -p "$run"
 # RESUME=1: continue the checkpoint already in /tmp/NAME (a new cosine over MINUTES).
 # INIT=DIR: start from a trained head's weights (e.g. the committed fixture), fresh optimizer.
@@ -40,6 +40,16 @@ mkdir -p "$run"
 # GEN_BATCH prompts at once) to the data file. They are the only rows whose every block slot is
 # on the target's path (docs/performance.md, sixth round); the GPU makes them at thousands of
 # tokens a second, this 2-core machine at under 30.
+# SELF_INSTRUCT=N: before that, the target writes N requests of its own (benchmarks/self_instruct.py;
+# SELF_KIND code or math, SELF_SEED: a later round takes another seed), put first in GEN_PROMPTS and
+# brought back by h200_collect.sh with their log. 4,000 took 196 s in batches of 256 (eleventh round).
+if [ -n "${SELF_INSTRUCT:-}" ]; then
+  kind=${SELF_KIND:-code}; self=$run/self_${kind}${SELF_SEED:+_s$SELF_SEED}.jsonl.gz
+  python3 benchmarks/self_instruct.py --model "$model" --kind "$kind" --n "$SELF_INSTRUCT" --seed "${SELF_SEED:-0}" \
+    --out "$self" > "$run/self_instruct.log" 2>&1
+  echo "$name self-instruct rc=$? at ${SECONDS}s"; tail -1 "$run/self_instruct.log"
+  [ -s "$self" ] && GEN_PROMPTS=$self${GEN_PROMPTS:+,$GEN_PROMPTS}
+fi
 if [ -n "${GEN_PROMPTS:-}" ]; then
   python3 -m dspark_lab distill -m "$model" --out "$run" $arch --prompts "$GEN_PROMPTS" --tokens 100000000 \
     --max-new-tokens 256 --batch "${GEN_BATCH:-256}" --data-minutes "${GEN_MINUTES:-3}" --max-len "${MAXLEN:-1024}" \

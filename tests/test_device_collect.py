@@ -46,6 +46,8 @@ def test_collect_returns_head_logs_and_generated_rows(run_dir, tmp_path):
     (run / "model.safetensors").write_bytes(weights)
     (run / "README.md").write_text("card")
     (run / "distill.log").write_text("log")
+    (run / "self_instruct.log").write_text("4000 requests")  # SELF_INSTRUCT: what the target wrote itself
+    (run / "self_code_s1.jsonl.gz").write_bytes(b"requests")
     rows = [{"ids": [1, 2], "prompt_len": 1, "generation": "greedy-batched"},
             {"ids": [3, 4], "prompt_len": 1, "generation": "corpus"},
             {"ids": [5, 6], "prompt_len": 1, "generation": "greedy"}]
@@ -61,7 +63,7 @@ def test_collect_returns_head_logs_and_generated_rows(run_dir, tmp_path):
         "sha256": hashlib.sha256(weights).hexdigest(), "parts": 2, "size": len(weights)}
     assert json.loads((out / "config.json").read_text()) == {"block_size": 5}
     with tarfile.open(out / "results.tar.gz") as tar:
-        assert sorted(tar.getnames()) == ["README.md", "distill.log", "generated.jsonl"]
+        assert sorted(tar.getnames()) == ["README.md", "distill.log", "generated.jsonl", "self_code_s1.jsonl.gz", "self_instruct.log"]
         generated = [json.loads(line) for line in tar.extractfile("generated.jsonl").read().decode().splitlines()]
     assert [r["ids"] for r in generated] == [[1, 2], [5, 6]]
 

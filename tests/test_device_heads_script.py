@@ -1,0 +1,51 @@
+"""benchmarks/h200_corpus_heads.sh, the device run of a reference head, with python3 replaced by a
+stub that records each call: the steps run in order and hand each other the right files (a
+mistake here costs a whole device session to find)."""
+
+import gzip
+import os
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "h200_corpus_heads.sh"
+
+STUB = """#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+prev=""
+for a in "$@"; do  # self_instruct.py writes its --out file
+  if [ "$prev" = "--out" ] && [[ "$*" == *self_instruct.py* ]]; then echo '{"id": "selfcode-00001"}' | gzip > "$a"; fi
+  prev=$a
+done
+"""
+
+
+def run_script(tmp_path, **env):
+    bin_dir, run = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(STUB)
+    (bin_dir / "python3").chmod(0o755)
+    data = tmp_path / "data.jsonl.gz"
+    data.write_bytes(gzip.compress(b'{"ids": [1, 2]}\n'))
+    calls = tmp_path / "calls.txt"
+    full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "RUN_DIR": str(run),
+            "DATA": str(data), "TIMING": "none", **env}
+    out = subprocess.run(["bash", str(SCRIPT), "qwen05"], env=full, capture_output=True, text=True, check=True,
+                         cwd=SCRIPT.parents[1]).stdout
+    return out, calls.read_text().splitlines(), run
+
+
+def test_self_instruct_requests_go_first_into_the_generation(tmp_path):
+    out, calls, run = run_script(tmp_path, SELF_INSTRUCT="4000", SELF_SEED="1", GEN_PROMPTS="/x/code_synth3.jsonl.gz")
+    assert "self_instruct.py" in calls[0] and "--n 4000 --seed 1" in calls[0]
+    self_file = run / "self_code_s1.jsonl.gz"
+    assert self_file.exists() and f"--out {self_file}" in calls[0]
+    generation = calls[1]
+    assert "--data-only" in generation and f"--prompts {self_file},/x/code_synth3.jsonl.gz " in generation
+    assert "--tokens 0" in calls[2] and "lossless_check.py" in calls[3] and len(calls) == 4  # train, evaluate; TIMING=none
+    assert "self-instruct rc=0" in out and (run / "data.jsonl").read_text() == '{"ids": [1, 2]}\n'
+
+
+def test_without_self_instruct_the_generation_takes_gen_prompts_alone(tmp_path):
+    _, calls, _ = run_script(tmp_path, GEN_PROMPTS="/x/a.jsonl.gz,/x/b.jsonl.gz")
+    assert not any("self_instruct.py" in c for c in calls)
+    assert "--prompts /x/a.jsonl.gz,/x/b.jsonl.gz " in calls[0] and "--data-only" in calls[0]
