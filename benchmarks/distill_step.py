@@ -2,7 +2,8 @@
 peak memory, for several anchor counts: how many anchors a step can afford on this machine.
 
     python benchmarks/distill_step.py --model MODEL --data DIR/data.jsonl(.gz) --seqs 8 --anchors 512,2048 \
-        --block 8 --layers 2 --markov-rank 64 [--max-len 1024] [--steps 3] [--weights as-loaded,dequantized] [--json OUT.json]
+        --block 8 --layers 2 --markov-rank 64 [--max-len 1024] [--steps 3] [--weights as-loaded,dequantized] \
+        [--compute float32,bfloat16] [--json OUT.json]
 
 A step is distill's own: `_training_batch` draws the sequences and anchors, `step_inputs` runs the
 target's tapped forward (taps and greedy labels), `head_loss_and_grad` (chained slots) and an AdamW
@@ -15,7 +16,8 @@ twice from the same initial head on the same batches: projecting every block slo
 vocabulary, and only the slots that carry a label (`labelled_rows`, what distill does); the two
 losses agree, and the head step's times say what leaving the unlabelled slots out saves.
 `--weights` runs all of it for the target as loaded and/or its dequantized copy (what distill's
-`--target-weights` chooses between): the same labels up to near-ties, a different forward time.
+`--target-weights` chooses between): the same labels up to near-ties, a different forward time. `--compute` does the same for the head's
+own arithmetic (distill's `--compute-dtype`: float32, or bfloat16 on copies of float32 weights).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import mlx.optimizers as optim  # noqa: E402
 from dspark_lab.engine.drafters.dspark import DSparkHead  # noqa: E402
 from dspark_lab.engine.loading import load_target  # noqa: E402
 from dspark_lab.lab.distill import DistillConfig, _training_batch, dense_lm_head, head_config, head_loss_and_grad, step_inputs  # noqa: E402
+from dspark_lab.errors import InputError  # noqa: E402
 from dspark_lab.lab.prompts.public import open_text  # noqa: E402
 
 
@@ -94,6 +97,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--markov-rank", type=int, default=64)
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per anchor count (after one warm-up)")
+    ap.add_argument("--compute", default="float32",
+                    help="comma-separated: float32, bfloat16 (the head's forward and backward, distill's --compute-dtype)")
     ap.add_argument("--weights", default="as-loaded", help="comma-separated: as-loaded, dequantized (the target's weights in the step)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -104,15 +109,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ap.error(f"--weights: {weights!r} is neither as-loaded nor dequantized")
         target, _ = load_target(a.model, dequantize=weights == "dequantized")
         lm_head = dense_lm_head(target)
-        for n in (int(x) for x in a.anchors.split(",")):
-            cfg = DistillConfig(model=a.model, out="", block=a.block, layers=a.layers, markov_rank=a.markov_rank, anchors=n,
-                                seqs=a.seqs, max_len=a.max_len, tokens=1)
+        for n, compute in ((int(x), dt) for x in a.anchors.split(",") for dt in a.compute.split(",")):
+            try:
+                cfg = DistillConfig(model=a.model, out="", block=a.block, layers=a.layers, markov_rank=a.markov_rank, anchors=n,
+                                    seqs=a.seqs, max_len=a.max_len, tokens=1, compute_dtype=compute)
+            except InputError as e:
+                ap.error(str(e).replace("--compute-dtype", "--compute"))
             c = head_config(target, cfg)
             for gather in (False, True):  # every slot projected to the vocabulary, or only the labelled ones (distill's way)
-                r = measure(target, c, lm_head, data, cfg, a.steps, gather) | {"weights": weights}
+                r = measure(target, c, lm_head, data, cfg, a.steps, gather) | {"weights": weights, "compute": compute}
                 results.append(r)
                 what = f"{r['labelled_slots']} of {r['slots']} slots" if gather else f"all {r['slots']} slots"
-                print(f"{weights:>11}, anchors {n:5d} ({a.seqs} x {n // a.seqs}), {what:>22}: target forward {r['target_forward_ms']:8.1f} ms, "
+                print(f"{weights:>11}, {compute:>8}, anchors {n:5d} ({a.seqs} x {n // a.seqs}), {what:>22}: target forward {r['target_forward_ms']:8.1f} ms, "
                       f"head step {r['head_step_ms']:8.1f} ms, {r['anchors_per_s']:8.1f} anchors/s, peak {r['peak_bytes'] / 2**30:.2f} GB, "
                       f"last loss {r['loss']}", flush=True)
         del target, lm_head

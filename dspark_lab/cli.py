@@ -550,6 +550,7 @@ def distill(
     cache_gb: Annotated[float, typer.Option(help="Cap MLX's cache of freed buffers at this many GB (0: MLX's default, up to its memory limit); set it when several runs share one GPU.")] = 0.0,
     chain_slots: Annotated[bool, typer.Option(help="With --labels target: train block slot k only where the text after the anchor is the target's own greedy tokens up to it (inference verifies slot k only then).")] = True,
     target_weights: Annotated[str, typer.Option(help="The target's weights for making the data and the training forward: auto (a dequantized copy of a quantized target where it fits in a quarter of the device's memory: much faster at these batch sizes), dequantized, or as-loaded. The held-out evaluation always decodes with the target as loaded.")] = "auto",
+    compute_dtype: Annotated[str, typer.Option(help="The head's forward and backward in training: float32, or bfloat16 on copies of its float32 weights (mixed precision; the optimizer still updates float32 weights). Time both with benchmarks/distill_step.py --compute float32,bfloat16.")] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
     data_only: Annotated[bool, typer.Option(help="Only make the training data (OUT/data.jsonl), e.g. on a CPU machine; a later run with the same --out trains on it.")] = False,
     init: Annotated[Optional[Path], typer.Option(help="Start from this trained head's weights (a distill output of the same architecture), with a fresh optimizer.")] = None,
@@ -559,7 +560,7 @@ def distill(
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, prompts=prompts,
                         tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
-                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, chain_slots=chain_slots, target_weights=target_weights, cache_gb=cache_gb, init=str(init or ""), command="dspark-lab " + " ".join(sys.argv[1:]))
+                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, chain_slots=chain_slots, target_weights=target_weights, compute_dtype=compute_dtype, cache_gb=cache_gb, init=str(init or ""), command="dspark-lab " + " ".join(sys.argv[1:]))
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     if data_only:  # no head yet: the next step is training on the data
         out.print(f"training data in {path / 'data.jsonl'}; train with the same command without --data-only")

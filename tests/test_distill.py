@@ -639,3 +639,56 @@ def test_a_quantized_target_trains_on_its_dequantized_copy_and_is_evaluated_as_l
         ref = greedy_generate(target, tok, prompt, max_new_tokens=24)
         spec = speculative_generate(target, tok, drafter, prompt, max_new_tokens=24, max_draft_tokens=4, lookup_drafts=False)
         assert spec.token_ids == ref.token_ids
+
+
+def test_bfloat16_compute_trains_float32_weights_with_nearly_the_same_loss_and_gradient(tiny_dirs, trained):
+    """--compute-dtype bfloat16 (mixed precision): the head's forward and backward on bfloat16
+    copies, the gradient back through the cast as float32, the float32 weights left in place for
+    the optimizer. Same loss and gradient direction as float32 up to bfloat16 rounding."""
+    import random
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from dspark_lab.engine.drafters.dspark import DSparkHead
+    from dspark_lab.engine.loading import load_target
+    from dspark_lab.lab.distill import _training_batch, dense_lm_head, head_config, head_loss_and_grad, step_inputs
+
+    target, _ = load_target(str(tiny_dirs["qwen3"]))
+    data = [json.loads(line) for line in (trained / "data.jsonl").read_text().splitlines()]
+    cfg32 = config(tiny_dirs["qwen3"], trained, anchors=16, seqs=2)
+    cfg16 = config(tiny_dirs["qwen3"], trained, anchors=16, seqs=2, compute_dtype="bfloat16")
+    c = head_config(target, cfg32)
+    mx.random.seed(0)
+    head = DSparkHead(c, target.hidden_size)
+    mx.eval(head.parameters())
+    before = {k: mx.array(v) for k, v in tree_flatten(head.trainable_parameters())}
+    ids, lengths, anchors = next(b for b in iter(lambda: _training_batch(data, random.Random(0), cfg32), 0) if b is not None)
+    inputs = (ids, anchors, lengths)
+    taps_cat, labels, rows = step_inputs(target, c, cfg32, *inputs)
+    lm_head = dense_lm_head(target)
+    args = (taps_cat, ids, anchors, lengths, labels, rows)
+    l32, g32 = head_loss_and_grad(head, c, target, lm_head, cfg32)(head, *args)
+    l16, g16 = head_loss_and_grad(head, c, target, lm_head, cfg16)(head, *args)
+    assert l16.item() != l32.item()  # the bfloat16 path did round: not the float32 computation again
+    assert l16.item() == pytest.approx(l32.item(), rel=2e-2)
+    flat32, flat16 = dict(tree_flatten(g32)), dict(tree_flatten(g16))
+    assert flat16.keys() == flat32.keys() and {v.dtype for v in flat16.values()} == {mx.float32}
+    a = mx.concatenate([flat32[k].reshape(-1) for k in sorted(flat32)])
+    b = mx.concatenate([flat16[k].reshape(-1) for k in sorted(flat32)])
+    assert (a @ b / (mx.linalg.norm(a) * mx.linalg.norm(b))).item() > 0.99
+    after = dict(tree_flatten(head.trainable_parameters()))
+    assert all(after[k].dtype == mx.float32 and mx.array_equal(after[k], v).item() for k, v in before.items())
+
+
+def test_a_bfloat16_compute_run_trains_and_saves_a_lossless_head(tiny_dirs, tmp_path):
+    out = tmp_path / "head"
+    distill(config(tiny_dirs["qwen3"], out, compute_dtype="bfloat16"), progress=False, say=lambda m: None)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert sum(e["loss"] for e in log[-5:]) < sum(e["loss"] for e in log[:5])
+    target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], out, max_draft_tokens=4)
+    for p in PROMPTS[:3]:
+        r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, lookup_drafts=False)
+        assert r.token_ids == greedy_generate(target, tok, p, max_new_tokens=24).token_ids
+    with pytest.raises(InputError, match="--compute-dtype must be float32 or bfloat16"):
+        config(tiny_dirs["qwen3"], out, compute_dtype="float16")

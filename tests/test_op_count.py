@@ -191,3 +191,27 @@ def test_distill_step_benchmark_times_the_target_as_loaded_and_dequantized(tmp_p
     assert out[2]["loss"] == pytest.approx(out[0]["loss"], abs=1e-2)
     with pytest.raises(SystemExit):
         mod.main(args + ["--weights", "dense"])
+
+
+def test_distill_step_benchmark_times_float32_and_bfloat16_compute(tiny_dirs, tmp_path, capsys):
+    """--compute float32,bfloat16: distill's --compute-dtype, timed on the same head and batches;
+    the losses agree to bfloat16 rounding, and an unknown dtype is refused by name."""
+    import gzip
+    import json
+    import random
+
+    mod = _benchmark("distill_step")
+    rng = random.Random(2)
+    rows = [{"ids": [rng.randrange(1, 200) for _ in range(100)], "prompt_len": 10, "generation": "corpus"} for _ in range(8)]
+    data = tmp_path / "data.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    common = ["--model", str(tiny_dirs["qwen3"]), "--data", str(data), "--seqs", "2", "--anchors", "16", "--block", "4",
+              "--layers", "1", "--markov-rank", "8", "--max-len", "128", "--steps", "1"]
+    out = mod.main(common + ["--compute", "float32,bfloat16"])
+    assert [(r["compute"], r["gather"]) for r in out] == [("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)]
+    assert all(r["head_step_ms"] > 0 for r in out)
+    assert out[3]["loss"] == pytest.approx(out[1]["loss"], rel=5e-2)
+    with pytest.raises(SystemExit):
+        mod.main(common + ["--compute", "float16"])
+    assert "--compute must be float32 or bfloat16" in capsys.readouterr().err

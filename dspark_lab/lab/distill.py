@@ -33,7 +33,7 @@ from typing import Callable
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
 from ..engine.drafters.dspark import DSparkDrafter, DSparkHead
 from ..engine.drafters.dspark_config import DSparkConfig
@@ -85,6 +85,7 @@ class DistillConfig:
     cache_gb: float = 0.0  # > 0: cap MLX's cache of freed buffers (GB), so runs sharing one GPU do not run it out of memory
     chain_slots: bool = True  # with --labels target: slot k trains only where the text after the anchor is the target's own greedy tokens up to it
     target_weights: str = "auto"  # the target's weights for data and training: auto, dequantized or as-loaded (see training_target)
+    compute_dtype: str = "float32"  # the head's forward and backward: float32, or bfloat16 on copies of float32 weights (see head_loss_and_grad)
     taps: list[int] | None = None
     mask_token_id: int | None = None
     seed: int = 0
@@ -110,6 +111,8 @@ class DistillConfig:
             raise InputError(f"--slot-decay must be in (0, 1], got {self.slot_decay}.")
         if self.save_dtype not in ("bfloat16", "float16", "float32"):
             raise InputError(f"--save-dtype must be bfloat16, float16 or float32, got {self.save_dtype!r}.")
+        if self.compute_dtype not in ("float32", "bfloat16"):
+            raise InputError(f"--compute-dtype must be float32 or bfloat16, got {self.compute_dtype!r}.")
         if self.target_weights not in TARGET_WEIGHTS:
             raise InputError(f"--target-weights must be one of {', '.join(TARGET_WEIGHTS)}, got {self.target_weights!r}.")
         if self.markov_rank < 0 or self.lr <= 0:
@@ -392,9 +395,34 @@ def step_inputs(target: Target, c: DSparkConfig, cfg: DistillConfig, ids, anchor
 
 def head_loss_and_grad(head: DSparkHead, c: DSparkConfig, target: Target, lm_head, cfg: DistillConfig):
     """The head's training loss and its gradient, as a function of
-    (head, taps_cat, ids, anchors, lengths, labels, rows)."""
-    return nn.value_and_grad(
-        head, lambda h, t, x, a, n, y, r: block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots, r))
+    (head, taps_cat, ids, anchors, lengths, labels, rows).
+
+    With cfg.compute_dtype "bfloat16" the forward and backward run on bfloat16 copies of the
+    head's float32 weights (mixed precision: the gradient comes back through the cast as float32,
+    and the optimizer updates the float32 weights, so small updates are not rounded away). The
+    head then multiplies at bfloat16 speed and moves half the bytes; the cross-entropy is still
+    taken in float32. The taps and the vocabulary projection are bfloat16 either way."""
+    def loss(h, t, x, a, n, y, r):
+        return block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots, r)
+
+    if cfg.compute_dtype == "float32":
+        return nn.value_and_grad(head, loss)
+    dtype = getattr(mx, cfg.compute_dtype)
+
+    def cast_loss(params, *args):
+        head.update(tree_map(lambda w: w.astype(dtype), params))
+        return loss(head, *args)
+
+    value_and_grad = mx.value_and_grad(cast_loss)
+
+    def run(h, *args):
+        master = h.trainable_parameters()
+        try:
+            return value_and_grad(master, *args)
+        finally:
+            h.update(master)  # the float32 weights back in place, for the optimizer and the evaluation
+
+    return run
 
 
 def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None,
