@@ -167,22 +167,28 @@ def test_distill_step_benchmark_splits_a_real_training_step(tiny_dirs, tmp_path)
     assert json.loads((tmp_path / "r.json").read_text())["rows"] == out
 
 
-def test_distill_step_benchmark_times_the_target_as_loaded_and_dequantized(tmp_path):
-    """--weights as-loaded,dequantized: the same step on a quantized target and on its dense copy;
-    the same weights, so the same loss up to summation order."""
+def _step_data(tmp_path, seed: int, length: int, n: int = 8):
+    """A distill data file of n read-corpus rows of random tokens, for distill_step.py."""
     import gzip
     import json
     import random
 
+    rng = random.Random(seed)
+    rows = [{"ids": [rng.randrange(1, 200) for _ in range(length)], "prompt_len": 10, "generation": "corpus"} for _ in range(n)]
+    data = tmp_path / "data.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return data
+
+
+def test_distill_step_benchmark_times_the_target_as_loaded_and_dequantized(tmp_path):
+    """--weights as-loaded,dequantized: the same step on a quantized target and on its dense copy;
+    the same weights, so the same loss up to summation order."""
     from dspark_lab.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "q4", "qwen3", seed=2, quantize_bits=4)
     mod = _benchmark("distill_step")
-    rng = random.Random(1)
-    rows = [{"ids": [rng.randrange(1, 200) for _ in range(90)], "prompt_len": 10, "generation": "corpus"} for _ in range(8)]
-    data = tmp_path / "data.jsonl.gz"
-    with gzip.open(data, "wt") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    data = _step_data(tmp_path, seed=1, length=90)
     args = ["--model", str(model), "--data", str(data), "--seqs", "2", "--anchors", "16", "--block", "4", "--layers", "1",
             "--markov-rank", "8", "--max-len", "128", "--steps", "1"]
     out = mod.main(args + ["--weights", "as-loaded,dequantized"])
@@ -196,16 +202,8 @@ def test_distill_step_benchmark_times_the_target_as_loaded_and_dequantized(tmp_p
 def test_distill_step_benchmark_times_float32_and_bfloat16_compute(tiny_dirs, tmp_path, capsys):
     """--compute float32,bfloat16: distill's --compute-dtype, timed on the same head and batches;
     the losses agree to bfloat16 rounding, and an unknown dtype is refused by name."""
-    import gzip
-    import json
-    import random
-
     mod = _benchmark("distill_step")
-    rng = random.Random(2)
-    rows = [{"ids": [rng.randrange(1, 200) for _ in range(100)], "prompt_len": 10, "generation": "corpus"} for _ in range(8)]
-    data = tmp_path / "data.jsonl.gz"
-    with gzip.open(data, "wt") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    data = _step_data(tmp_path, seed=2, length=100)
     common = ["--model", str(tiny_dirs["qwen3"]), "--data", str(data), "--seqs", "2", "--anchors", "16", "--block", "4",
               "--layers", "1", "--markov-rank", "8", "--max-len", "128", "--steps", "1"]
     out = mod.main(common + ["--compute", "float32,bfloat16"])
