@@ -16,8 +16,9 @@ twice from the same initial head on the same batches: projecting every block slo
 vocabulary, and only the slots that carry a label (`labelled_rows`, what distill does); the two
 losses agree, and the head step's times say what leaving the unlabelled slots out saves.
 `--weights` runs all of it for the target as loaded and/or its dequantized copy (what distill's
-`--target-weights` chooses between): the same labels up to near-ties, a different forward time. `--compute` does the same for the head's
-own arithmetic (distill's `--compute-dtype`: float32, or bfloat16 on copies of float32 weights).
+`--target-weights` chooses between): the same labels up to near-ties, a different forward time.
+`--compute` does the same for the head's own arithmetic (distill's `--compute-dtype`: float32, or
+bfloat16 on copies of float32 weights).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ import mlx.optimizers as optim  # noqa: E402
 
 from dspark_lab.engine.drafters.dspark import DSparkHead  # noqa: E402
 from dspark_lab.engine.loading import load_target  # noqa: E402
-from dspark_lab.lab.distill import DistillConfig, _training_batch, dense_lm_head, head_config, head_loss_and_grad, step_inputs  # noqa: E402
 from dspark_lab.errors import InputError  # noqa: E402
+from dspark_lab.lab.distill import DistillConfig, _training_batch, dense_lm_head, head_config, head_loss_and_grad, step_inputs  # noqa: E402
 from dspark_lab.lab.prompts.public import open_text  # noqa: E402
 
 

@@ -415,12 +415,12 @@ def head_loss_and_grad(head: DSparkHead, c: DSparkConfig, target: Target, lm_hea
 
     value_and_grad = mx.value_and_grad(cast_loss)
 
-    def run(h, *args):
-        master = h.trainable_parameters()
+    def run(_head, *args):  # called as nn.value_and_grad's function is: (head, inputs...)
+        master = head.trainable_parameters()
         try:
             return value_and_grad(master, *args)
         finally:
-            h.update(master)  # the float32 weights back in place, for the optimizer and the evaluation
+            head.update(master)  # the float32 weights back in place, for the optimizer and the evaluation
 
     return run
 
