@@ -24,7 +24,7 @@ from synthetic_prompts import MIRRORED_PROMPTS  # noqa: E402
 NO_TWIN = "math (no twin)"
 
 # Issue #9's goals: SmolLM2 > 1.8 on code at cap 4; the Qwen heads >= 3.0 on code and math, >= 2.0 on chat at cap 7.
-GOALS = {"smollm2": {"code": 1.8}, "qwen": {"code": 3.0, "math": 3.0, "chat": 2.0, "math (no twin)": 3.0}}
+GOALS = {"smollm2": {"code": 1.8}, "qwen": {"code": 3.0, "math": 3.0, "chat": 2.0, NO_TWIN: 3.0}}
 
 
 def model_name(path: str) -> str:

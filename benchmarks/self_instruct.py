@@ -20,8 +20,6 @@ on a CPU this is slow, and nothing here may download a model.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import random
 import sys
 import time
@@ -147,19 +145,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from dspark_lab.lab.distill import training_copy
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from synthetic_prompts import builtin_texts
+    from synthetic_prompts import builtin_texts, write_prompt_file
 
     target, tokenizer = load_target(a.model)
     target, _, why = training_copy(a.model, target, a.target_weights)
     print(f"writing with {why}")
     rows = self_instruct(target, tokenizer, a.kind, a.n, seed=a.seed, temperature=a.temperature, batch=a.batch,
                          max_tokens=a.max_tokens, exclude=builtin_texts(a.kind), keep_unfinished=a.keep_unfinished)
-    text = "".join(json.dumps(row) + "\n" for row in rows)
-    if a.out.suffix == ".gz":
-        with gzip.open(a.out, "wt") as f:
-            f.write(text)
-    else:
-        a.out.write_text(text)
+    write_prompt_file(a.out, rows)
     print(f"{len(rows)} requests -> {a.out}")
     return rows
 

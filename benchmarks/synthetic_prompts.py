@@ -293,6 +293,17 @@ def _texts(prompts) -> set[str]:
     return texts
 
 
+def write_prompt_file(path: Path, rows: list[dict]) -> None:
+    """Prompt records as JSONL, gzipped when the name ends in .gz (the ship parts carry prompt
+    files that way; the prompt loader reads either)."""
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=["math", "code"], required=True)
@@ -314,12 +325,7 @@ def main(argv: list[str] | None = None) -> None:
             rows = synthetic_code_prompts(a.n, a.seed, exclude)
     except ValueError as e:
         ap.error(str(e))
-    text = "".join(json.dumps(row) + "\n" for row in rows)
-    if a.out.suffix == ".gz":  # the ship parts carry prompt files gzipped; the prompt loader reads either
-        with gzip.open(a.out, "wt") as f:
-            f.write(text)
-    else:
-        a.out.write_text(text)
+    write_prompt_file(a.out, rows)
     print(f"{len(rows)} prompts -> {a.out}")
 
 
