@@ -12,11 +12,13 @@
 # generated rows (the target's own continuations: made on the GPU's clock, lost with the machine
 # otherwise; the read corpus rows are left out, they are rebuilt on any machine).
 # A head over 45 MB (the 2-layer Qwen 0.5B head is 103 MB: 7 parts) comes back 3 parts a call, and
-# each call brings the parts of the current weights that no earlier call brought (remembered in
-# /tmp/NAME/.collect_returned, forgotten when the weights change), so keep polling until it says
-# "all N parts returned". model.safetensors.parts (sha256, part count, size) comes back every call:
-# join the parts here with `python benchmarks/join_parts.py DEST DIR...` (the calls' files_at
-# folders), which takes the parts of one version and checks the whole file's sha256.
+# each call brings the parts of one frozen version (the snapshot in /tmp/NAME/.collect, below) that
+# no earlier call brought, so keep polling until it says "all N parts returned": then a whole
+# checkpoint is on this side, and the next poll starts on the newest one. Poll this way during
+# training too: in the twelfth round the machine was given back while the final head was still on
+# it, and the polls had brought only logs. model.safetensors.parts (sha256, part count, size) comes
+# back every call: join the parts here with `python benchmarks/join_parts.py DEST DIR...` (the calls'
+# files_at folders), which joins the newest version whose parts are all there and checks its sha256.
 # PARTS="03 04" bash benchmarks/h200_collect.sh NAME returns those parts instead.
 set -u
 run=/tmp/$1
@@ -28,31 +30,42 @@ if [ -f "$weights" ]; then
   if [ "$size" -le 16000000 ]; then
     cp "$weights" "$out/"
   else
-    parts=$(mktemp -d)
-    cp "$weights" "$parts/whole"  # one version: a checkpoint saved meanwhile replaces the file, not these bytes
-    sum=$(sha256sum "$parts/whole" | cut -d' ' -f1)
-    split -b 15000000 -d -a 2 "$parts/whole" "$parts/model.safetensors.part" && rm "$parts/whole"
-    all=$(cd "$parts" && ls | sed 's/.*part//' | tr '\n' ' ')
-    count=$(echo $all | wc -w)
-    printf 'sha256 %s\nparts %s\nsize %s\n' "$sum" "$count" "$size" > "$out/model.safetensors.parts"
-    state=$run/.collect_returned
-    [ -f "$state" ] && [ "$(head -1 "$state")" = "$sum" ] || echo "$sum" > "$state"
-    not_returned() { for p in $all; do grep -qx "$p" "$state" || echo "$p"; done | tr '\n' ' '; }
+    # The parts come from a frozen copy of one version (the snapshot), kept until every part of it
+    # has come back: a checkpoint saved every minute or two would otherwise change the weights
+    # between two polls, and no version would ever come back whole. A new snapshot is taken once
+    # the last one is home and the weights have changed, and at once when the run's distill has
+    # ended ($run/.distill_done, written by h200_corpus_heads.sh): the final head goes first.
+    snap=$run/.collect; mkdir -p "$snap"
+    sum=$(sha256sum "$weights" | cut -d' ' -f1)
+    have=$(cat "$snap/sha256" 2>/dev/null)
+    not_returned() { for p in $(cat "$snap/all"); do grep -qx "$p" "$snap/returned" || echo "$p"; done | tr '\n' ' '; }
+    if [ "$sum" != "$have" ] && { [ -z "$have" ] || [ -z "$(not_returned)" ] || [ -f "$run/.distill_done" ]; }; then
+      rm -f "$snap"/model.safetensors.part*
+      cp "$weights" "$snap/whole"  # a checkpoint saved meanwhile replaces the file, not these bytes
+      sum=$(sha256sum "$snap/whole" | cut -d' ' -f1); size=$(stat -c %s "$snap/whole")
+      split -b 15000000 -d -a 2 "$snap/whole" "$snap/model.safetensors.part" && rm "$snap/whole"
+      (cd "$snap" && ls model.safetensors.part* | sed 's/.*part//' | tr '\n' ' ') > "$snap/all"
+      printf 'sha256 %s\nparts %s\nsize %s\n' "$sum" "$(wc -w < "$snap/all")" "$size" > "$snap/manifest"
+      step=$(sed -n 's/.*"step": *\([0-9]*\).*/\1/p' "$run/checkpoint/state.json" 2>/dev/null)
+      echo "${step:-?}" > "$snap/step"; : > "$snap/returned"; echo "$sum" > "$snap/sha256"
+    fi
+    cp "$snap/manifest" "$out/model.safetensors.parts"
+    sum=$(cat "$snap/sha256"); count=$(wc -w < "$snap/all"); size=$(sed -n 's/^size //p' "$snap/manifest")
     if [ -n "${PARTS:-}" ]; then
       send=$PARTS
     else
-      # Parts of this version not returned yet; all of them if the weights fit one call.
+      # Parts of the snapshot not returned yet; all of them if the weights fit one call.
       send=$(not_returned)
       [ "$size" -gt 45000000 ] && send=$(echo $send | cut -d' ' -f1-3)
     fi
-    for p in $send; do cp "$parts/model.safetensors.part$p" "$out/" && echo "$p" >> "$state"; done
+    for p in $send; do cp "$snap/model.safetensors.part$p" "$out/" && echo "$p" >> "$snap/returned"; done
     left=$(not_returned)
+    what="version ${sum:0:12}, checkpoint step $(cat "$snap/step")"
     if [ -z "$left" ]; then
-      echo "weights: all $count parts returned (sha256 $sum); this call: ${send:-none}"
+      echo "weights: all $count parts returned ($what); this call: ${send:-none}"
     else
-      echo "weights: $count parts (sha256 $sum); this call: ${send:-none}; STILL TO FETCH: $left(poll again)"
+      echo "weights: $count parts ($what); this call: ${send:-none}; STILL TO FETCH: $left(poll again)"
     fi
-    rm -rf "$parts"
   fi
 fi
 [ -f "$run/data.jsonl" ] && grep -v '"generation": "corpus"' "$run/data.jsonl" > "$run/generated.jsonl"

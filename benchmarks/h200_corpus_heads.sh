@@ -31,7 +31,7 @@ case $name in
 esac
 arch=${ARCH:-$arch}  # e.g. ARCH="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 2048"
 run=${RUN_DIR:-/tmp/$name}  # where h200_collect.sh NAME looks; RUN_DIR only for the tests
-mkdir -p "$run"
+mkdir -p "$run"; rm -f "$run/.distill_done"
 # RESUME=1: continue the checkpoint already in /tmp/NAME (a new cosine over MINUTES).
 # INIT=DIR: start from a trained head's weights (e.g. the committed fixture), fresh optimizer.
 [ "${RESUME:-0}" = 1 ] || gunzip -c "$DATA" > "$run/data.jsonl"
@@ -42,7 +42,8 @@ mkdir -p "$run"
 # tokens a second, this 2-core machine at under 30.
 # SELF_INSTRUCT=N: before that, the target writes N requests of its own (benchmarks/self_instruct.py;
 # SELF_KIND code or math, SELF_SEED: a later round takes another seed), put first in GEN_PROMPTS and
-# brought back by h200_collect.sh with their log. 4,000 took 196 s in batches of 256 (eleventh round).
+# brought back by h200_collect.sh with their log. 4,000 took 196 s in batches of 256 (eleventh round),
+# 105 s in batches of 1,024 (twelfth).
 if [ -n "${SELF_INSTRUCT:-}" ]; then
   kind=${SELF_KIND:-code}; self=$run/self_${kind}${SELF_SEED:+_s$SELF_SEED}.jsonl.gz
   python3 benchmarks/self_instruct.py --model "$model" --kind "$kind" --n "$SELF_INSTRUCT" --seed "${SELF_SEED:-0}" \
@@ -64,6 +65,7 @@ timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" 
   --max-len "${MAXLEN:-1024}" --steps 200000 --lr "${LR:-1e-3}" --warmup 200 --minutes "${MINUTES:-8}" --eval-every 1000000 --checkpoint-every "${CKPT:-1000000}" \
   --cache-gb "${CACHE_GB:-0}" $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") >> "$run/distill.log" 2>&1
 echo "$name distill rc=$? at ${SECONDS}s"
+touch "$run/.distill_done"  # h200_collect.sh now returns the final head first
 python3 benchmarks/lossless_check.py --model "$model" --head "$run" --drafter-bits 16 --prompts code,math,chat --limit 8 \
   --max-new-tokens 128 --cap "$cap" --no-lookup-arm --out "$run/eval.json" > "$run/eval.log" 2>&1
 echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept\|identical" "$run/eval.log"

@@ -2,7 +2,8 @@
 call (a lent machine given back loses everything on it): within a call's return limits (8 files,
 16 MiB each), the weights whole or in parts that join to the original, and the card, logs and the
 data's generated rows (not the read corpus rows) in one archive; a head too large for one call comes
-back over several, and benchmarks/join_parts.py joins the parts of one version only."""
+back over several, one frozen version at a time, and benchmarks/join_parts.py joins the newest
+version whose parts are all there, never parts of two."""
 
 import hashlib
 import importlib.util
@@ -111,24 +112,46 @@ def test_large_head_comes_back_over_several_polls_and_joins(run_dir, tmp_path):
     assert json.loads((tmp_path / "head" / "config.json").read_text()) == {"block_size": 8}
 
 
-def test_new_checkpoint_restarts_the_parts_and_join_takes_one_version(run_dir, tmp_path):
+def _call(name, tmp_path, label):
+    out = tmp_path / label
+    out.mkdir()
+    return out, collect(name, out)
+
+
+def test_a_version_comes_back_whole_before_the_next_checkpoint_is_taken(run_dir, tmp_path):
+    # Checkpoints every minute or two, polls every three or four: when each poll restarted on the
+    # newest weights, no version ever came back whole (the twelfth round's polls brought only logs,
+    # and its head was lost with the machine). The parts now come from one frozen version until
+    # all of it is home; join_parts takes the newest whole version and never mixes two.
     name, run = run_dir
     old, new = _safetensors(50_000_000), _safetensors(50_000_000)
     (run / "model.safetensors").write_bytes(old)
-    first = tmp_path / "first"
-    first.mkdir()
-    collect(name, first)  # parts 00-02 of the old version
+    first, _ = _call(name, tmp_path, "first")  # parts 00-02 of the old version
     (run / "model.safetensors").write_bytes(new)  # a checkpoint in between
-    second, third = tmp_path / "second", tmp_path / "third"
-    second.mkdir()
-    third.mkdir()
-    assert "STILL TO FETCH: 03" in collect(name, second)  # starts again at 00 for the new version
-    assert _parts(second) == ["00", "01", "02"]
-    # The old parts are never mixed in: with only the first two calls, part 03 is missing.
+    second, said = _call(name, tmp_path, "second")
+    assert _parts(second) == ["03"] and "all 4 parts returned" in said  # the old version finished first
+    assert join_parts(tmp_path / "old", [first, second]).read_bytes() == old
+    third, said = _call(name, tmp_path, "third")  # now the new version
+    assert _parts(third) == ["00", "01", "02"] and "STILL TO FETCH: 03" in said
+    # The newest version lacks part 03: the newest whole one (the old) is joined, not a mix.
+    assert join_parts(tmp_path / "head", [first, second, third]).read_bytes() == old
     with pytest.raises(JoinError, match="parts 03 of version"):
-        join_parts(tmp_path / "head", [first, second])
-    collect(name, third)
-    assert join_parts(tmp_path / "head", [first, second, third]).read_bytes() == new
+        join_parts(tmp_path / "mixed", [first, third])  # old 00-02 and new 00-02: neither whole
+    fourth, _ = _call(name, tmp_path, "fourth")
+    assert join_parts(tmp_path / "head", [first, second, third, fourth]).read_bytes() == new
+
+
+def test_the_final_head_goes_first_once_distill_has_ended(run_dir, tmp_path):
+    name, run = run_dir
+    checkpoint, final = _safetensors(50_000_000), _safetensors(50_000_000)
+    (run / "model.safetensors").write_bytes(checkpoint)
+    first, _ = _call(name, tmp_path, "first")  # a checkpoint's parts 00-02
+    (run / "model.safetensors").write_bytes(final)
+    (run / ".distill_done").touch()  # h200_corpus_heads.sh, after distill
+    second, said = _call(name, tmp_path, "second")
+    assert _parts(second) == ["00", "01", "02"] and "STILL TO FETCH: 03" in said
+    third, _ = _call(name, tmp_path, "third")
+    assert join_parts(tmp_path / "head", [first, second, third]).read_bytes() == final
 
 
 def test_join_refuses_a_damaged_part_and_a_cut_file(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "h200_corpus_heads.sh"
 
 STUB = """#!/usr/bin/env bash
-echo "$*" >> "$CALLS"
+echo "$* [distill_done=$([ -f "$RUN_DIR/.distill_done" ] && echo 1 || echo 0)]" >> "$CALLS"
 prev=""
 for a in "$@"; do  # self_instruct.py writes its --out file
   if [ "$prev" = "--out" ] && [[ "$*" == *self_instruct.py* ]]; then echo '{"id": "selfcode-00001"}' | gzip > "$a"; fi
@@ -27,6 +27,8 @@ def run_script(tmp_path, **env):
     data = tmp_path / "data.jsonl.gz"
     data.write_bytes(gzip.compress(b'{"ids": [1, 2]}\n'))
     calls = tmp_path / "calls.txt"
+    run.mkdir()
+    (run / ".distill_done").touch()  # a previous run's: removed before this one starts
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "RUN_DIR": str(run),
             "DATA": str(data), "TIMING": "none", **env}
     out = subprocess.run(["bash", str(SCRIPT), "qwen05"], env=full, capture_output=True, text=True, check=True,
@@ -43,6 +45,8 @@ def test_self_instruct_requests_go_first_into_the_generation(tmp_path):
     assert "--data-only" in generation and f"--prompts {self_file},/x/code_synth3.jsonl.gz " in generation
     assert "--tokens 0" in calls[2] and "lossless_check.py" in calls[3] and len(calls) == 4  # train, evaluate; TIMING=none
     assert "self-instruct rc=0" in out and (run / "data.jsonl").read_text() == '{"ids": [1, 2]}\n'
+    # h200_collect.sh returns the final head first once distill has ended, and only then
+    assert [c.endswith("[distill_done=1]") for c in calls] == [False, False, False, True]
 
 
 def test_without_self_instruct_the_generation_takes_gen_prompts_alone(tmp_path):
