@@ -692,3 +692,19 @@ def test_a_bfloat16_compute_run_trains_and_saves_a_lossless_head(tiny_dirs, tmp_
         assert r.token_ids == greedy_generate(target, tok, p, max_new_tokens=24).token_ids
     with pytest.raises(InputError, match="--compute-dtype must be float32 or bfloat16"):
         config(tiny_dirs["qwen3"], out, compute_dtype="float16")
+
+
+def test_a_run_ending_on_a_checkpoint_step_saves_it_once(tiny_dirs, tmp_path, monkeypatch):
+    """Steps 20, a checkpoint every 10: the checkpoints at 10 and 20 and the head beside each, and no
+    second save of step 20 after the loop (a poll would see the file change for nothing)."""
+    import dspark_lab.lab.distill as distill_module
+
+    saves = []
+    for name in ("_save_checkpoint", "_save_loadable"):
+        real = getattr(distill_module, name)
+        monkeypatch.setattr(distill_module, name, lambda *a, _real=real, _name=name: (saves.append(_name), _real(*a)))
+    out = tmp_path / "head"
+    distill(config(tiny_dirs["qwen3"], out, steps=20, eval_every=100), progress=False, say=lambda m: None)
+    assert saves == ["_save_checkpoint", "_save_loadable"] * 2
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 20
+    load_pair(tiny_dirs["qwen3"], out)  # the head as of step 20, loadable

@@ -653,7 +653,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     log = (out / "train_log.jsonl").open("a")
     cap = min(c.max_drafts, 7)
     rng = __import__("random").Random(cfg.seed + step)
-    t0, losses = time.perf_counter(), []
+    t0, losses, saved_at = time.perf_counter(), [], None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), disable=not progress) as bar:
         task = bar.add_task("distill", total=cfg.steps, completed=step)
         while step < cfg.steps:
@@ -683,12 +683,14 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
                 # The output directory is a loadable head as of the last checkpoint: a run that
                 # dies (a lent machine given back, out of memory) still leaves one to take away.
                 _save_loadable(head, c, target, out, cfg.save_dtype)
+                saved_at = step
     log.close()
-    _save_checkpoint(head, optimizer, ckpt, step)  # the last step, however the loop ended
-    # The final head is written before the held-out evaluation below, not after it: a poller that
-    # sees the checkpoint's last step (h200_collect.sh prints it) takes these weights, not the
-    # previous checkpoint's (the eleventh round spent a 45 MB poll on those).
-    _save_loadable(head, c, target, out, cfg.save_dtype)
+    if saved_at != step:  # the last step, however the loop ended (unless it was just saved)
+        _save_checkpoint(head, optimizer, ckpt, step)
+        # The final head is written before the held-out evaluation below, not after it: a poller
+        # that sees the checkpoint's last step (h200_collect.sh prints it) takes these weights, not
+        # the previous checkpoint's (the eleventh round spent a 45 MB poll on those).
+        _save_loadable(head, c, target, out, cfg.save_dtype)
     final = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     if final and "mean_accept_len" not in final[-1]:  # stopped by the time budget: measure the head as saved
         final[-1]["mean_accept_len"] = evaluate(target, tokenizer, head, held, cap)
