@@ -23,7 +23,7 @@ from dspark_lab.lab.lossless import first_divergence
 from dspark_lab.lab.prompts import load_prompt_sets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_prompts import MIRRORED_PROMPTS  # noqa: E402  (the math prompts a training template copies)
+from synthetic_prompts import math_without_twin  # noqa: E402  (leaves out the math prompts a training template copies)
 
 
 def main() -> None:
@@ -71,7 +71,7 @@ def main() -> None:
         for domain in sorted({r["set"] for r in rows}) + [None]:
             acc = [r["mean_accept"] for r in rows if r["arm"] == arm and domain in (None, r["set"])]
             print(f"{arm} {domain or 'all'}: mean accept length {sum(acc) / len(acc):.3f} over {len(acc)} prompts (per-prompt mean)")
-        clean = [r["mean_accept"] for r in rows if r["arm"] == arm and r["set"] == "math" and r["prompt"] not in MIRRORED_PROMPTS]
+        clean = [r["mean_accept"] for r in rows if r["arm"] == arm and math_without_twin(r)]
         if clean:  # docs/performance.md, tenth round: templates that copy held-out prompts inflate the math figure
             print(f"{arm} math without a training twin: mean accept length {sum(clean) / len(clean):.3f} over {len(clean)} prompts")
     if args.out:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_prompts import MIRRORED_PROMPTS  # noqa: E402
+from synthetic_prompts import math_without_twin  # noqa: E402
 
 NO_TWIN = "math (no twin)"
 
@@ -47,7 +47,7 @@ def summarize(files: list[Path]) -> list[dict]:
         for r in data["rows"]:
             if r.get("mean_accept") is not None:
                 by_set.setdefault(r["set"], []).append(r["mean_accept"])
-                if r["set"] == "math" and r["prompt"] not in MIRRORED_PROMPTS:
+                if math_without_twin(r):
                     by_set.setdefault(NO_TWIN, []).append(r["mean_accept"])
         label = f.stem.removeprefix("eval")
         for s, values in sorted(by_set.items()):

@@ -96,6 +96,11 @@ MIRRORED_PROMPTS = frozenset({"math-001", "math-002", "math-004", "math-005", "m
                               "math-014", "math-021"})
 
 
+def math_without_twin(row: dict) -> bool:
+    """An evaluation row (lossless_check.py's: "set", "prompt") of a math prompt no template copies."""
+    return row["set"] == "math" and row["prompt"] not in MIRRORED_PROMPTS
+
+
 def synthetic_math_prompts(n: int, seed: int = 0, exclude: set[str] = frozenset(), mirrors: bool = True) -> list[dict]:
     """n prompt records ({"id", "domain", "text"} or {"messages"}), none whose text is in exclude;
     with mirrors=False none from a family in MIRROR_FAMILIES (the same random draws otherwise, so

@@ -40,7 +40,7 @@ def test_a_math_bar_leaves_out_the_prompts_a_training_template_copies(tmp_path):
         {"prompt": "math-001", "set": "math", "arm": "dspark", "mean_accept": 4.0},
         {"prompt": "math-003", "set": "math", "arm": "dspark", "mean_accept": 2.0}]}))
     rows = {r["set"]: r for r in plot.summarize([f])}
-    assert "math-001" in plot.MIRRORED_PROMPTS and "math-003" not in plot.MIRRORED_PROMPTS
+    assert not plot.math_without_twin({"set": "math", "prompt": "math-001"}) and plot.math_without_twin({"set": "math", "prompt": "math-003"})
     assert rows["math"]["mean_accept"] == 3.0 and rows["math (no twin)"]["mean_accept"] == 2.0
     assert rows["math (no twin)"]["prompts"] == 1
 
