@@ -708,3 +708,16 @@ def test_a_run_ending_on_a_checkpoint_step_saves_it_once(tiny_dirs, tmp_path, mo
     assert saves == ["_save_checkpoint", "_save_loadable"] * 2
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 20
     load_pair(tiny_dirs["qwen3"], out)  # the head as of step 20, loadable
+
+
+def test_generated_rows_name_their_model_and_another_models_rows_are_flagged(tiny_dirs, trained, tmp_path):
+    """Each generated row's provenance names the model that wrote it (its folder name, the same on
+    every machine); a data file another model wrote is used, read as text, and the run says so."""
+    rows = [json.loads(line) for line in (trained / "data.jsonl").read_text().splitlines()]
+    assert {r["model"] for r in rows} == {tiny_dirs["qwen3"].name}
+    out = tmp_path / "head"
+    out.mkdir()
+    (out / "data.jsonl").write_text("".join(json.dumps({**r, "model": "qwen2.5-coder-0.5b-q4-bfloat16"}) + "\n" for r in rows))
+    said = []
+    distill(config(tiny_dirs["qwen3"], out, steps=2, eval_every=100), progress=False, say=said.append)
+    assert any(f"{len(rows)} of them were written by another model (qwen2.5-coder-0.5b-q4-bfloat16)" in m for m in said)

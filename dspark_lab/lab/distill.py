@@ -202,6 +202,7 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
     if not train_prompts:
         raise InputError(f"no training prompts left after holding out {cfg.held_out} per set; add prompts or lower --held-out.")
     path = Path(cfg.out) / "data.jsonl"
+    writer = Path(cfg.model.rstrip("/")).name  # the model's folder name: the same on every machine it is shipped to
     data = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     if cfg.corpus:
         data = _read_corpus(tokenizer, cfg, path, data, say)
@@ -209,6 +210,10 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
     made = answer_tokens(generated)
     if generated:
         say(f"reusing {len(generated)} generated sequences ({made} continuation tokens) from {path}")
+        others = sorted({d["model"] for d in generated if d.get("model", writer) != writer})
+        if others:  # allowed: every position is labelled by this target's own prediction (--labels target)
+            say(f"{sum(d.get('model', writer) != writer for d in generated)} of them were written by another model "
+                f"({', '.join(others)}), not {writer}: read as text, they are on this target's path only where it agrees")
         if made >= cfg.tokens:
             return data, held
         # Top up a smaller earlier run with the prompts it has not continued yet.
@@ -218,7 +223,8 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
         def keep(s, p, ids, out, how):
             nonlocal made
             row = {"ids": ids + out, "prompt_len": len(ids), "set": s.name, "set_version": s.version,
-                   "prompt_id": p.id, "generation": how, "max_new_tokens": cfg.max_new_tokens, "target_weights": weights}
+                   "prompt_id": p.id, "generation": how, "max_new_tokens": cfg.max_new_tokens, "model": writer,
+                   "target_weights": weights}
             f.write(json.dumps(row) + "\n")
             f.flush()
             data.append(row)
