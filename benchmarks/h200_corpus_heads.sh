@@ -31,7 +31,7 @@ case $name in
 esac
 arch=${ARCH:-$arch}  # e.g. ARCH="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 2048"
 run=${RUN_DIR:-/tmp/$name}  # where h200_collect.sh NAME looks; RUN_DIR only for the tests
-mkdir -p "$run"; rm -f "$run/.distill_done"
+mkdir -p "$run"; rm -rf "$run/.distill_done" "$run/.collect"  # a previous run's marks for h200_collect.sh
 # RESUME=1: continue the checkpoint already in /tmp/NAME (a new cosine over MINUTES).
 # INIT=DIR: start from a trained head's weights (e.g. the committed fixture), fresh optimizer.
 [ "${RESUME:-0}" = 1 ] || gunzip -c "$DATA" > "$run/data.jsonl"

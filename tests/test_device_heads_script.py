@@ -28,7 +28,8 @@ def run_script(tmp_path, **env):
     data.write_bytes(gzip.compress(b'{"ids": [1, 2]}\n'))
     calls = tmp_path / "calls.txt"
     run.mkdir()
-    (run / ".distill_done").touch()  # a previous run's: removed before this one starts
+    (run / ".distill_done").touch()  # a previous run's marks: removed before this one starts
+    (run / ".collect").mkdir()  # (and its half-returned snapshot)
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "RUN_DIR": str(run),
             "DATA": str(data), "TIMING": "none", **env}
     out = subprocess.run(["bash", str(SCRIPT), "qwen05"], env=full, capture_output=True, text=True, check=True,
@@ -47,6 +48,7 @@ def test_self_instruct_requests_go_first_into_the_generation(tmp_path):
     assert "self-instruct rc=0" in out and (run / "data.jsonl").read_text() == '{"ids": [1, 2]}\n'
     # h200_collect.sh returns the final head first once distill has ended, and only then
     assert [c.endswith("[distill_done=1]") for c in calls] == [False, False, False, True]
+    assert not (run / ".collect").exists()
 
 
 def test_without_self_instruct_the_generation_takes_gen_prompts_alone(tmp_path):
