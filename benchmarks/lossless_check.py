@@ -6,7 +6,9 @@ top two logits were there.
         [--prompts copy,code] [--limit 6] [--max-new-tokens 512] [--no-lookup-arm]
 
 The head drafts on its own unless --lookup-drafts (then a long n-gram match is verified instead),
-so its mean accept length is the head's.
+so its mean accept length is the head's. Per set it also prints, for each draft position, the share
+of the rounds that drafted it which accepted it (and every draft before it); the --out JSON keeps
+each prompt's per-round accept and draft lengths.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 from dspark_lab.engine import greedy_generate, load_target, lookup_generate, speculative_generate
+from dspark_lab.engine.generate import position_acceptance
 from dspark_lab.engine.text import encode_prompt
 from dspark_lab.lab.lossless import first_divergence
 from dspark_lab.lab.prompts import load_prompt_sets
@@ -63,14 +66,22 @@ def main() -> None:
             div = first_divergence(target, ids, base.token_ids, r.token_ids)
             rows.append({"prompt": p.id, "set": p.domain, "arm": name, "context": len(ids) + base.num_tokens, "identical": div is None,
                          "divergence": div, "mean_accept": round(r.mean_accept_len, 2),
-                         "speedup": round(r.decode_tokens_per_sec / base.decode_tokens_per_sec, 3) if base.decode_tokens_per_sec else None})
-            print(json.dumps(rows[-1]))
+                         "speedup": round(r.decode_tokens_per_sec / base.decode_tokens_per_sec, 3) if base.decode_tokens_per_sec else None,
+                         "accept_lengths": r.accept_lengths, "draft_lengths": r.draft_lengths})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("accept_lengths", "draft_lengths")}))
     same = sum(r["identical"] for r in rows)
     print(f"{same}/{len(rows)} identical; {time.perf_counter() - t0:.0f} s in all")
     for arm in sorted({r["arm"] for r in rows}):
         for domain in sorted({r["set"] for r in rows}) + [None]:
             acc = [r["mean_accept"] for r in rows if r["arm"] == arm and domain in (None, r["set"])]
             print(f"{arm} {domain or 'all'}: mean accept length {sum(acc) / len(acc):.3f} over {len(acc)} prompts (per-prompt mean)")
+            # Where the drafts fail: of the rounds that drafted position i, the share accepted up to it
+            # (pooled over the prompts' rounds). A steep fall after position 1 says the chain is weak,
+            # a low first value that the head's first guess is.
+            picked = [r for r in rows if r["arm"] == arm and domain in (None, r["set"])]
+            by_position = position_acceptance(sum((r["accept_lengths"] for r in picked), []), sum((r["draft_lengths"] for r in picked), []))
+            if by_position:
+                print(f"{arm} {domain or 'all'}: accepted through draft position 1..{len(by_position)}: {' '.join(f'{x:.2f}' for x in by_position)}")
         clean = [r["mean_accept"] for r in rows if r["arm"] == arm and math_without_twin(r)]
         if clean:  # docs/performance.md, tenth round: templates that copy held-out prompts inflate the math figure
             print(f"{arm} math without a training twin: mean accept length {sum(clean) / len(clean):.3f} over {len(clean)} prompts")

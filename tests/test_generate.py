@@ -145,3 +145,12 @@ def test_quantized_kv_cache_lookup_matches_its_greedy(tmp_path):
         base = greedy_generate(target, tok, prompt, max_new_tokens=24)
         spec = lookup_generate(target, tok, prompt, max_new_tokens=24)
         assert spec.token_ids == base.token_ids
+
+
+def test_position_acceptance_pools_rounds_of_several_generations():
+    """Rounds from two generations pooled: position i counts only the rounds that drafted it."""
+    from dspark_lab.engine.generate import position_acceptance
+
+    # accepted drafts 2, 0, 1 (accept length less the target's own token); drafted 4, 4, 1
+    assert position_acceptance([3, 1, 2], [4, 4, 1]) == pytest.approx([2 / 3, 1 / 2, 0.0, 0.0])
+    assert position_acceptance([], []) == []

@@ -43,12 +43,16 @@ class GenResult:
 
     def per_position_acceptance(self) -> list[float]:
         """d_i: of the rounds that drafted at least i+1 tokens, the share that accepted them."""
-        depth = max(self.draft_lengths, default=0)
-        out = []
-        for i in range(depth):
-            tried = [a - 1 for a, d in zip(self.accept_lengths, self.draft_lengths) if d > i]
-            out.append(sum(1 for a in tried if a > i) / len(tried))
-        return out
+        return position_acceptance(self.accept_lengths, self.draft_lengths)
+
+
+def position_acceptance(accept_lengths: list[int], draft_lengths: list[int]) -> list[float]:
+    """GenResult.per_position_acceptance over any rounds (e.g. several generations' pooled)."""
+    out = []
+    for i in range(max(draft_lengths, default=0)):
+        tried = [a - 1 for a, d in zip(accept_lengths, draft_lengths) if d > i]
+        out.append(sum(1 for a in tried if a > i) / len(tried))
+    return out
 
 
 def check_max_new_tokens(max_new_tokens: int) -> None:
