@@ -73,12 +73,12 @@ def main() -> None:
     print(f"{same}/{len(rows)} identical; {time.perf_counter() - t0:.0f} s in all")
     for arm in sorted({r["arm"] for r in rows}):
         for domain in sorted({r["set"] for r in rows}) + [None]:
-            acc = [r["mean_accept"] for r in rows if r["arm"] == arm and domain in (None, r["set"])]
+            picked = [r for r in rows if r["arm"] == arm and domain in (None, r["set"])]
+            acc = [r["mean_accept"] for r in picked]
             print(f"{arm} {domain or 'all'}: mean accept length {sum(acc) / len(acc):.3f} over {len(acc)} prompts (per-prompt mean)")
             # Where the drafts fail: of the rounds that drafted position i, the share accepted up to it
             # (pooled over the prompts' rounds). A steep fall after position 1 says the chain is weak,
             # a low first value that the head's first guess is.
-            picked = [r for r in rows if r["arm"] == arm and domain in (None, r["set"])]
             by_position = position_acceptance(sum((r["accept_lengths"] for r in picked), []), sum((r["draft_lengths"] for r in picked), []))
             if by_position:
                 print(f"{arm} {domain or 'all'}: accepted through draft position 1..{len(by_position)}: {' '.join(f'{x:.2f}' for x in by_position)}")

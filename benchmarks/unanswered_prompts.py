@@ -13,7 +13,6 @@ unchanged and in their order, and a line saying how many of its prompts were ans
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -22,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dspark_lab.lab.prompts import load_prompt_set  # noqa: E402
+from dspark_lab.lab.prompts.public import open_text  # noqa: E402
 from synthetic_prompts import write_prompt_file  # noqa: E402
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
+    with open_text(path) as f:  # plain or gzipped, as the prompt loader reads them
         return [json.loads(line) for line in f if line.strip()]
 
 

@@ -210,10 +210,10 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
     made = answer_tokens(generated)
     if generated:
         say(f"reusing {len(generated)} generated sequences ({made} continuation tokens) from {path}")
-        others = sorted({d["model"] for d in generated if d.get("model", writer) != writer})
-        if others:  # allowed: every position is labelled by this target's own prediction (--labels target)
-            say(f"{sum(d.get('model', writer) != writer for d in generated)} of them were written by another model "
-                f"({', '.join(others)}), not {writer}: read as text, they are on this target's path only where it agrees")
+        foreign = [d["model"] for d in generated if d.get("model", writer) != writer]
+        if foreign:  # allowed: every position is labelled by this target's own prediction (--labels target)
+            say(f"{len(foreign)} of them were written by another model ({', '.join(sorted(set(foreign)))}), not {writer}: "
+                "read as text, they are on this target's path only where it agrees")
         if made >= cfg.tokens:
             return data, held
         # Top up a smaller earlier run with the prompts it has not continued yet.
