@@ -41,15 +41,19 @@ mkdir -p "$run"; rm -rf "$run/.distill_done" "$run/.collect"  # a previous run's
 # on the target's path (docs/performance.md, sixth round); the GPU makes them at thousands of
 # tokens a second, this 2-core machine at under 30.
 # SELF_INSTRUCT=N: before that, the target writes N requests of its own (benchmarks/self_instruct.py;
-# SELF_KIND code or math, SELF_SEED: a later round takes another seed), put first in GEN_PROMPTS and
-# brought back by h200_collect.sh with their log. 4,000 took 196 s in batches of 256 (eleventh round),
-# 105 s in batches of 1,024 (twelfth).
+# SELF_KIND code, math or both as "code,math": N of each; SELF_SEED: a later round takes another
+# seed), put first in GEN_PROMPTS and brought back by h200_collect.sh with their log. 4,000 took
+# 196 s in batches of 256 (eleventh round), 105 s in batches of 1,024 (twelfth); 6,000 took 141 s.
 if [ -n "${SELF_INSTRUCT:-}" ]; then
-  kind=${SELF_KIND:-code}; self=$run/self_${kind}${SELF_SEED:+_s$SELF_SEED}.jsonl.gz
-  python3 benchmarks/self_instruct.py --model "$model" --kind "$kind" --n "$SELF_INSTRUCT" --seed "${SELF_SEED:-0}" \
-    --out "$self" > "$run/self_instruct.log" 2>&1
-  echo "$name self-instruct rc=$? at ${SECONDS}s"; tail -1 "$run/self_instruct.log"
-  [ -s "$self" ] && GEN_PROMPTS=$self${GEN_PROMPTS:+,$GEN_PROMPTS}
+  : > "$run/self_instruct.log"; selfs=
+  for kind in $(echo "${SELF_KIND:-code}" | tr ',' ' '); do
+    self=$run/self_${kind}${SELF_SEED:+_s$SELF_SEED}.jsonl.gz
+    python3 benchmarks/self_instruct.py --model "$model" --kind "$kind" --n "$SELF_INSTRUCT" --seed "${SELF_SEED:-0}" \
+      --out "$self" >> "$run/self_instruct.log" 2>&1
+    echo "$name self-instruct $kind rc=$? at ${SECONDS}s"; tail -1 "$run/self_instruct.log"
+    [ -s "$self" ] && selfs=${selfs:+$selfs,}$self
+  done
+  [ -n "$selfs" ] && GEN_PROMPTS=$selfs${GEN_PROMPTS:+,$GEN_PROMPTS}
 fi
 if [ -n "${GEN_PROMPTS:-}" ]; then
   python3 -m dspark_lab distill -m "$model" --out "$run" $arch --prompts "$GEN_PROMPTS" --tokens 100000000 \

@@ -45,10 +45,20 @@ def test_self_instruct_requests_go_first_into_the_generation(tmp_path):
     generation = calls[1]
     assert "--data-only" in generation and f"--prompts {self_file},/x/code_synth3.jsonl.gz " in generation
     assert "--tokens 0" in calls[2] and "lossless_check.py" in calls[3] and len(calls) == 4  # train, evaluate; TIMING=none
-    assert "self-instruct rc=0" in out and (run / "data.jsonl").read_text() == '{"ids": [1, 2]}\n'
+    assert "self-instruct code rc=0" in out and (run / "data.jsonl").read_text() == '{"ids": [1, 2]}\n'
     # h200_collect.sh returns the final head first once distill has ended, and only then
     assert [c.endswith("[distill_done=1]") for c in calls] == [False, False, False, True]
     assert not (run / ".collect").exists()
+
+
+def test_self_instruct_of_two_kinds_writes_n_of_each_and_both_go_first(tmp_path):
+    out, calls, run = run_script(tmp_path, SELF_INSTRUCT="3000", SELF_KIND="code,math", SELF_SEED="3",
+                                 GEN_PROMPTS="/x/math_synth4.jsonl.gz")
+    code, math = run / "self_code_s3.jsonl.gz", run / "self_math_s3.jsonl.gz"
+    assert "--kind code --n 3000 --seed 3" in calls[0] and f"--out {code}" in calls[0]
+    assert "--kind math --n 3000 --seed 3" in calls[1] and f"--out {math}" in calls[1]
+    assert f"--prompts {code},{math},/x/math_synth4.jsonl.gz " in calls[2] and "--data-only" in calls[2]
+    assert "self-instruct code rc=0" in out and "self-instruct math rc=0" in out and len(calls) == 5
 
 
 def test_without_self_instruct_the_generation_takes_gen_prompts_alone(tmp_path):
