@@ -51,11 +51,14 @@ CODE_KINDS = [
     "ask to explain a concept with an example", "ask to convert a short snippet you include to another language",
     "ask for a script that does a concrete job", "ask to optimize a short snippet you include", "ask for code and its tests",
 ]
+# Left out on purpose: the subjects of the three evaluated math prompts that no training template
+# mirrors (math-003 a polygon's angles, math-007 dice, math-008 choosing a committee; MIRRORED_PROMPTS
+# in synthetic_prompts.py), so that "math without a training twin" stays a measure of generalizing.
 MATH_TOPICS = [
-    "percentages and discounts", "ratios and proportions", "speed, distance and time", "circles", "triangles",
-    "probability with dice or cards", "simple and compound interest", "unit conversion", "linear equations",
+    "percentages and discounts", "ratios and proportions", "speed, distance and time", "circles",
+    "simple and compound interest", "unit conversion", "linear equations",
     "systems of two equations", "quadratic equations", "arithmetic and geometric sequences", "averages",
-    "work rates", "mixtures", "ages", "money and change", "fractions", "counting and arrangements",
+    "work rates", "mixtures", "ages", "money and change", "fractions",
     "area and perimeter", "volume", "median and mode", "exponents", "derivatives", "integrals", "logarithms",
 ]
 MATH_LEVELS = ["primary school", "middle school", "high school", "first-year university"]

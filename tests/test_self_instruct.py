@@ -22,6 +22,14 @@ def test_clean_keeps_only_the_request():
         "In Rust, write a tokenizer for arithmetic.\nIt should skip spaces."
 
 
+def test_math_topics_stay_away_from_the_evaluated_prompts_no_template_mirrors():
+    # math-003 (a hexagon's angles), math-007 (dice), math-008 (a committee): the "math without a
+    # training twin" figure, which a self-written request on their subject would inflate.
+    subjects = ("angle", "polygon", "triangle", "hexagon", "dice", "probability", "committee", "arrangement", "counting",
+                "combination", "permutation")
+    assert not [t for t in si.MATH_TOPICS if any(s in t for s in subjects)]
+
+
 def test_requests_are_distinct_reproducible_and_load_as_prompts(tiny_dirs, tmp_path):
     target, tok = load_target(tiny_dirs["qwen3"])
     said = []
