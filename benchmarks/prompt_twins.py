@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dspark_lab.lab.prompts import Prompt, load_prompt_set  # noqa: E402
+from dspark_lab.lab.prompts import Prompt, load_prompt_sets  # noqa: E402
 
 
 def words(text: str) -> frozenset[str]:
@@ -33,13 +33,13 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
 
 
 def nearest(held_out: list[Prompt], training: list[tuple[str, Prompt]]) -> list[dict]:
-    """One row per held-out prompt: its most alike training prompt, the file it is in, and the likeness."""
+    """One row per held-out prompt: its most alike training prompt, the set (file) it is in, and the likeness."""
     pool = [(name, p, words(prompt_text(p))) for name, p in training]
     rows = []
     for h in held_out:
         w = words(prompt_text(h))
         name, best, score = max(((n, p, jaccard(w, pw)) for n, p, pw in pool), key=lambda t: t[2], default=(None, None, 0.0))
-        rows.append({"prompt": h.id, "likeness": round(score, 3), "file": name, "nearest": best and best.id,
+        rows.append({"prompt": h.id, "likeness": round(score, 3), "set": name, "nearest": best and best.id,
                      "held_out_text": prompt_text(h), "nearest_text": best and prompt_text(best)})
     return rows
 
@@ -51,12 +51,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--limit", type=int, default=None, help="the first N prompts of each set (a round evaluates 8)")
     ap.add_argument("--flag", type=float, default=0.5, help="likeness from which a pair is called a twin")
     a = ap.parse_args(argv)
-    training = [(Path(f).name, p) for f in a.files for p in load_prompt_set(f).prompts]
-    held = [p for s in a.sets.split(",") for p in load_prompt_set(s, limit=a.limit).prompts]
+    training = [(s.name, p) for s in load_prompt_sets(a.files) for p in s.prompts]
+    held = [p for s in load_prompt_sets(a.sets, limit=a.limit) for p in s.prompts]
     rows = nearest(held, training)
     for r in rows:
         mark = "TWIN " if r["likeness"] >= a.flag else ""
-        print(f"{mark}{r['prompt']}  {r['likeness']:.2f}  {r['file']}:{r['nearest']}  "
+        print(f"{mark}{r['prompt']}  {r['likeness']:.2f}  {r['set']}:{r['nearest']}  "
               f"{r['held_out_text'][-60:]!r} ~ {(r['nearest_text'] or '')[:80]!r}")
     twins = sum(r["likeness"] >= a.flag for r in rows)
     print(f"{twins} of {len(rows)} held-out prompts have a training prompt at likeness >= {a.flag} "

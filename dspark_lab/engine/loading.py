@@ -253,9 +253,10 @@ def load_target(
     A multimodal checkpoint loads through mlx-vlm and runs as its language model (text only).
 
     `kv_bits` quantizes the KV cache; `dtype` casts the float weights, a quantized model's scales
-    and biases too (float32 is the fast choice on MLX's CPU backend: a 4-bit bfloat16 Qwen2.5-Coder-0.5B
-    decoded 10x faster cast to float32 on a 2-core machine); `taps` lists the layers a drafter will read, and asking
-    for them runs the one-time probe that the tap reproduces the model's logits. `dequantize`
+    and biases too (float32 is the fast choice on MLX's CPU backend: a 4-bit bfloat16
+    Qwen2.5-Coder-0.5B decoded 10x faster cast to float32 on a 2-core machine); `taps` lists the
+    layers a drafter will read, and asking for them runs the one-time probe that the tap
+    reproduces the model's logits. `dequantize`
     turns a quantized model's layers into plain ones holding the same weights (mlx-lm's
     dequantize_model): the same model in more memory, for work at large batch sizes, where
     dense matmuls beat the quantized kernels (docs/performance.md, tenth round)."""
