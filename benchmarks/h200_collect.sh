@@ -11,7 +11,8 @@
 # target wrote itself (SELF_INSTRUCT), and the data's
 # generated rows (the target's own continuations: made on the GPU's clock, lost with the machine
 # otherwise; the read corpus rows are left out, they are rebuilt on any machine).
-# A head over 45 MB (the 2-layer Qwen 0.5B head is 103 MB: 7 parts) comes back 3 parts a call, and
+# A head over 16 MB (the 2-layer Qwen 0.5B head is 103 MB: 7 parts) comes back in 15 MB parts, as
+# many a call as fit beside the results archive (3 with the generated rows in it, 4 without), and
 # each call brings the parts of one frozen version (the snapshot in /tmp/NAME/.collect, below) that
 # no earlier call brought, so keep polling until it says "all N parts returned": then a whole
 # checkpoint is on this side, and the next poll starts on the newest one. Poll this way during
@@ -24,6 +25,31 @@ set -u
 run=/tmp/$1
 out=${OUT:?run this on the device, where OUT is set}
 [ -f "$run/config.json" ] && cp "$run/config.json" "$out/"
+mkdir -p "$run/.collect"
+
+# The results archive goes first, so the weights get what room it leaves. The generated rows (12 MB
+# compressed by the end of a Qwen round) are left out of it while weight parts wait to be sent and
+# the same rows already came back in an earlier call, except every fourth call (in case that one's
+# files did not come back): after the generation they no longer change, and the room holds a
+# fourth part instead (in the fourteenth round the final head took three polls, and the timing
+# that followed was cut off by the session's end).
+[ -f "$run/data.jsonl" ] && grep -v '"generation": "corpus"' "$run/data.jsonl" > "$run/generated.jsonl"
+rows_sum=$( [ -f "$run/generated.jsonl" ] && sha256sum "$run/generated.jsonl" | cut -d' ' -f1)
+pending=$( [ -s "$run/.collect/all" ] && for p in $(cat "$run/.collect/all"); do grep -qx "$p" "$run/.collect/returned" || echo "$p"; done)
+if [ -f "$run/model.safetensors" ] && [ "$(stat -c %s "$run/model.safetensors")" -gt 16000000 ] \
+  && [ "$(sha256sum "$run/model.safetensors" | cut -d' ' -f1)" != "$(cat "$run/.collect/sha256" 2>/dev/null)" ]; then
+  pending=new  # a new version will be frozen below
+fi
+calls=$(( $(cat "$run/.collect/calls" 2>/dev/null || echo 0) + 1 )); echo "$calls" > "$run/.collect/calls"
+skip_rows=""
+[ $((calls % 4)) -ne 0 ] && [ -n "$pending" ] && [ -n "$rows_sum" ] && [ "$rows_sum" = "$(cat "$run/.collect/rows_sent" 2>/dev/null)" ] && skip_rows=1
+files=$(cd "$run" && ls generated.jsonl README.md eval.json pipeline.json overlap.json train_log.jsonl distill.log eval.log timing.log \
+  self_instruct.log self_*.jsonl.gz 2>/dev/null | { if [ -n "$skip_rows" ]; then grep -vx generated.jsonl; else cat; fi })
+if [ -n "$files" ]; then
+  tar czf "$out/results.tar.gz" -C "$run" $files
+  [ -z "$skip_rows" ] && [ -n "$rows_sum" ] && echo "$rows_sum" > "$run/.collect/rows_sent"
+  [ -n "$skip_rows" ] && echo "results: the generated rows left out (unchanged since an earlier call brought them)"
+fi
 weights=$run/model.safetensors
 if [ -f "$weights" ]; then
   size=$(stat -c %s "$weights")
@@ -55,8 +81,12 @@ if [ -f "$weights" ]; then
       send=$PARTS
     else
       # Parts of the snapshot not returned yet; all of them if the weights fit one call.
+      # As many 15 MB parts as fit beside the results archive in a call's 64 MiB (1 MiB kept
+      # spare), and at most 5: a call returns 8 files, and config, manifest and archive are three.
       send=$(not_returned)
-      [ "$size" -gt 45000000 ] && send=$(echo $send | cut -d' ' -f1-3)
+      used=$(stat -c %s "$out/results.tar.gz" 2>/dev/null || echo 0)
+      fit=$(( (64 * 1048576 - 1048576 - used) / 15000000 )); [ "$fit" -gt 5 ] && fit=5; [ "$fit" -lt 1 ] && fit=1
+      send=$(echo $send | cut -d' ' -f1-$fit)
     fi
     for p in $send; do cp "$snap/model.safetensors.part$p" "$out/" && echo "$p" >> "$snap/returned"; done
     left=$(not_returned)
@@ -68,9 +98,5 @@ if [ -f "$weights" ]; then
     fi
   fi
 fi
-[ -f "$run/data.jsonl" ] && grep -v '"generation": "corpus"' "$run/data.jsonl" > "$run/generated.jsonl"
-files=$(cd "$run" && ls generated.jsonl README.md eval.json pipeline.json overlap.json train_log.jsonl distill.log eval.log timing.log \
-  self_instruct.log self_*.jsonl.gz 2>/dev/null)
-[ -n "$files" ] && tar czf "$out/results.tar.gz" -C "$run" $files
 [ -f "$run/checkpoint/state.json" ] && echo "checkpoint: $(cat "$run/checkpoint/state.json")"
 ls -la "$out"

@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import random
 import shutil
 import struct
 import subprocess
@@ -82,6 +83,9 @@ def _safetensors(n: int) -> bytes:
     return struct.pack("<Q", len(header)) + header + os.urandom(n)
 
 
+HEAD = 80_000_000  # 6 parts of 15 MB: more than one call carries (4 beside a small archive, 3 beside a large one)
+
+
 def _parts(out):
     return sorted(p.name.removeprefix("model.safetensors.part") for p in out.glob("model.safetensors.part[0-9]*"))
 
@@ -92,7 +96,7 @@ def test_large_head_comes_back_over_several_polls_and_joins(run_dir, tmp_path):
     # returned of the current version, and says which are still to fetch.
     name, run = run_dir
     (run / "config.json").write_text('{"block_size": 8}')
-    weights = _safetensors(50_000_000)  # 4 parts of 15 MB, over the 45 MB one call carries
+    weights = _safetensors(HEAD)
     (run / "model.safetensors").write_bytes(weights)
     outs = []
     for i in range(3):
@@ -101,12 +105,12 @@ def test_large_head_comes_back_over_several_polls_and_joins(run_dir, tmp_path):
         said = collect(name, out)
         outs.append(out)
         assert len(list(out.iterdir())) <= 8 and sum(p.stat().st_size for p in out.iterdir()) <= 64 * 2**20
-        if i == 0:
-            assert _parts(out) == ["00", "01", "02"] and "STILL TO FETCH: 03" in said
+        if i == 0:  # no results archive yet: four 15 MB parts fit in the call's 64 MiB
+            assert _parts(out) == ["00", "01", "02", "03"] and "STILL TO FETCH: 04 05" in said
         elif i == 1:
-            assert _parts(out) == ["03"] and "all 4 parts returned" in said
+            assert _parts(out) == ["04", "05"] and "all 6 parts returned" in said
         else:
-            assert _parts(out) == [] and "all 4 parts returned" in said
+            assert _parts(out) == [] and "all 6 parts returned" in said
     head = join_parts(tmp_path / "head", outs)
     assert head.read_bytes() == weights
     assert json.loads((tmp_path / "head" / "config.json").read_text()) == {"block_size": 8}
@@ -124,32 +128,32 @@ def test_a_version_comes_back_whole_before_the_next_checkpoint_is_taken(run_dir,
     # and its head was lost with the machine). The parts now come from one frozen version until
     # all of it is home; join_parts takes the newest whole version and never mixes two.
     name, run = run_dir
-    old, new = _safetensors(50_000_000), _safetensors(50_000_000)
+    old, new = _safetensors(HEAD), _safetensors(HEAD)
     (run / "model.safetensors").write_bytes(old)
-    first, _ = _call(name, tmp_path, "first")  # parts 00-02 of the old version
+    first, _ = _call(name, tmp_path, "first")  # parts 00-03 of the old version
     (run / "model.safetensors").write_bytes(new)  # a checkpoint in between
     second, said = _call(name, tmp_path, "second")
-    assert _parts(second) == ["03"] and "all 4 parts returned" in said  # the old version finished first
+    assert _parts(second) == ["04", "05"] and "all 6 parts returned" in said  # the old version finished first
     assert join_parts(tmp_path / "old", [first, second]).read_bytes() == old
     third, said = _call(name, tmp_path, "third")  # now the new version
-    assert _parts(third) == ["00", "01", "02"] and "STILL TO FETCH: 03" in said
-    # The newest version lacks part 03: the newest whole one (the old) is joined, not a mix.
+    assert _parts(third) == ["00", "01", "02", "03"] and "STILL TO FETCH: 04 05" in said
+    # The newest version lacks parts 04-05: the newest whole one (the old) is joined, not a mix.
     assert join_parts(tmp_path / "head", [first, second, third]).read_bytes() == old
-    with pytest.raises(JoinError, match="parts 03 of version"):
-        join_parts(tmp_path / "mixed", [first, third])  # old 00-02 and new 00-02: neither whole
+    with pytest.raises(JoinError, match="parts 04, 05 of version"):
+        join_parts(tmp_path / "mixed", [first, third])  # old 00-03 and new 00-03: neither whole
     fourth, _ = _call(name, tmp_path, "fourth")
     assert join_parts(tmp_path / "head", [first, second, third, fourth]).read_bytes() == new
 
 
 def test_the_final_head_goes_first_once_distill_has_ended(run_dir, tmp_path):
     name, run = run_dir
-    checkpoint, final = _safetensors(50_000_000), _safetensors(50_000_000)
+    checkpoint, final = _safetensors(HEAD), _safetensors(HEAD)
     (run / "model.safetensors").write_bytes(checkpoint)
-    first, _ = _call(name, tmp_path, "first")  # a checkpoint's parts 00-02
+    first, _ = _call(name, tmp_path, "first")  # a checkpoint's parts 00-03
     (run / "model.safetensors").write_bytes(final)
     (run / ".distill_done").touch()  # h200_corpus_heads.sh, after distill
     second, said = _call(name, tmp_path, "second")
-    assert _parts(second) == ["00", "01", "02"] and "STILL TO FETCH: 03" in said
+    assert _parts(second) == ["00", "01", "02", "03"] and "STILL TO FETCH: 04 05" in said
     third, _ = _call(name, tmp_path, "third")
     assert join_parts(tmp_path / "head", [first, second, third]).read_bytes() == final
 
@@ -178,3 +182,48 @@ def test_join_refuses_a_damaged_part_and_a_cut_file(tmp_path):
         join_parts(tmp_path / "cut", [d])
     with pytest.raises(JoinError, match="none of the folders"):
         join_parts(tmp_path / "none", [tmp_path / "ok"])
+
+
+def _archived(out):
+    with tarfile.open(out / "results.tar.gz") as tar:
+        return sorted(tar.getnames())
+
+
+def test_unchanged_generated_rows_give_their_room_to_weight_parts(run_dir, tmp_path):
+    # In the fourteenth round the 12 MB of generated rows came back in every call, beside 3 weight
+    # parts; the final head took three polls and the timing after it was cut off by the session's
+    # end. Rows that already came back and have not changed since are left out while parts wait
+    # (a fourth part fits instead), except every fourth call, in case one call's files were lost.
+    name, run = run_dir
+    rng = random.Random(0)
+    rows = [{"ids": [rng.randrange(10**9) for _ in range(500)], "prompt_len": 1, "generation": "greedy-batched"}
+            for _ in range(3000)]  # about 15 MB of JSON that compresses to about 7 MB
+    (run / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "distill.log").write_text("log")
+    old, new = _safetensors(110_000_000), _safetensors(110_000_000)  # 8 parts
+    (run / "model.safetensors").write_bytes(old)
+    calls = []
+    for i in range(3):
+        out, said = _call(name, tmp_path, f"call{i}")
+        calls.append(out)
+        assert len(list(out.iterdir())) <= 8 and sum(p.stat().st_size for p in out.iterdir()) <= 64 * 2**20
+        if i == 0:  # the rows' first time: 3 parts beside them
+            assert "generated.jsonl" in _archived(out) and _parts(out) == ["00", "01", "02"]
+        elif i == 1:  # the same rows, parts waiting: rows left out, 4 parts
+            assert _archived(out) == ["distill.log"] and _parts(out) == ["03", "04", "05", "06"]
+            assert "generated rows left out" in said
+        else:
+            assert _archived(out) == ["distill.log"] and _parts(out) == ["07"] and "all 8 parts returned" in said
+    assert join_parts(tmp_path / "old", calls).read_bytes() == old
+    (run / "model.safetensors").write_bytes(new)  # a checkpoint: parts wait again, but this is call 4
+    fourth, _ = _call(name, tmp_path, "call3")
+    assert "generated.jsonl" in _archived(fourth) and _parts(fourth) == ["00", "01", "02"]
+    fifth, _ = _call(name, tmp_path, "call4")
+    assert _archived(fifth) == ["distill.log"] and _parts(fifth) == ["03", "04", "05", "06"]
+    with open(run / "data.jsonl", "a") as f:  # the generation wrote more rows: they come back at once
+        f.write(json.dumps({"ids": [7, 8], "prompt_len": 1, "generation": "greedy"}) + "\n")
+    sixth, _ = _call(name, tmp_path, "call5")
+    assert "generated.jsonl" in _archived(sixth) and _parts(sixth) == ["07"]
+    assert join_parts(tmp_path / "new", [fourth, fifth, sixth]).read_bytes() == new
+    seventh, said = _call(name, tmp_path, "call6")  # nothing waits: the whole archive, as before
+    assert "generated.jsonl" in _archived(seventh) and _parts(seventh) == []
