@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 import tempfile
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import DsparkError
+from .errors import DsparkError, SlowDtypeWarning
 
 app = typer.Typer(
     name="dspark-lab",
@@ -31,16 +32,27 @@ err = Console(stderr=True)
 out = Console()
 
 
+def _note_or_warn(message, category, filename, lineno, file=None, line=None, _show=warnings.showwarning):
+    """The engine's advice (a SlowDtypeWarning) as one `note:` line; other warnings as Python shows them."""
+    if issubclass(category, SlowDtypeWarning):
+        err.print(f"[yellow]note:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    else:
+        _show(message, category, filename, lineno, file, line)
+
+
 def friendly_errors(fn):
-    """Run a command; a DsparkError becomes `error: <message>` and exit status 2."""
+    """Run a command; a DsparkError becomes `error: <message>` and exit status 2, and advice a
+    `note:` line."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except DsparkError as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
-            raise typer.Exit(2) from None
+        with warnings.catch_warnings():  # restores Python's own showwarning afterwards
+            warnings.showwarning = _note_or_warn
+            try:
+                return fn(*args, **kwargs)
+            except DsparkError as e:
+                err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+                raise typer.Exit(2) from None
 
     return wrapper
 

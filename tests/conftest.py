@@ -22,6 +22,22 @@ def tiny_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_bf16_dir(tiny_dirs, tmp_path_factory):
+    """The tiny qwen3 model with its float weights stored as bfloat16, as most released models are."""
+    import shutil
+
+    import mlx.core as mx
+
+    out = tmp_path_factory.mktemp("tiny-bf16") / "qwen3-bf16"
+    shutil.copytree(tiny_dirs["qwen3"], out)
+    for f in out.glob("*.safetensors"):
+        weights = mx.load(str(f))
+        mx.save_safetensors(str(f), {k: v.astype(mx.bfloat16) if mx.issubdtype(v.dtype, mx.floating) else v
+                                     for k, v in weights.items()})
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_models(tiny_dirs):
     return {fam: load_target(path) for fam, path in tiny_dirs.items()}
 

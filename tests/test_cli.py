@@ -33,6 +33,15 @@ def test_generate_streams_and_reports(tiny_dirs, mode):
     assert "12 tokens (length)" in r.output and "mean accept length" in r.output and "tok/s" in r.output
 
 
+def test_generate_on_a_bfloat16_model_notes_the_cpu_cast(tiny_dirs, tiny_bf16_dir):
+    r = runner.invoke(app, ["generate", "-m", str(tiny_bf16_dir), "-p", "a b c", "--mode", "baseline", "-n", "3"])
+    assert r.exit_code == 0, r.output
+    assert "note:" in r.output and "--dtype float32" in r.output and "Warning" not in r.output  # one line, not Python's warning
+    r = runner.invoke(app, ["generate", "-m", str(tiny_bf16_dir), "-p", "a b c", "--mode", "baseline", "-n", "3", "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    assert "note:" not in r.output
+
+
 def test_generate_error_is_one_clear_line(tmp_path):
     r = runner.invoke(app, ["generate", "-m", str(tmp_path / "missing"), "-p", "hi"])
     assert r.exit_code == 2

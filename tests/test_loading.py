@@ -2,11 +2,12 @@
 
 import json
 import shutil
+import warnings
 
 import mlx.core as mx
 import pytest
 
-from dspark_lab import InputError, LoadError, greedy_generate, load_target
+from dspark_lab import InputError, LoadError, SlowDtypeWarning, greedy_generate, load_target
 from dspark_lab.engine.target import Target
 from dspark_lab.engine.text import encode_prompt
 
@@ -119,6 +120,22 @@ def test_bad_kv_bits_and_dtype(tiny_dirs):
 def test_dtype_cast(tiny_dirs):
     target, _ = load_target(tiny_dirs["qwen3"], dtype="float16")
     assert target.model.model.embed_tokens.weight.dtype == mx.float16
+
+
+def test_half_precision_on_the_cpu_backend_comes_with_advice_to_cast(tiny_dirs, tiny_bf16_dir, monkeypatch):
+    # MLX's CPU backend computes bfloat16 slowly: a 4-bit bfloat16 Qwen 0.5B decoded 10.1x faster
+    # cast to float32 (benchmarks/cpu_dtype.py). A user who did not choose a dtype is told how.
+    assert mx.default_device().type == mx.cpu  # CI and this machine: MLX's CPU backend
+    with pytest.warns(SlowDtypeWarning, match=r"has bfloat16 weights and MLX runs on its CPU backend.*--dtype float32"):
+        target, _ = load_target(tiny_bf16_dir)
+    assert target.model.model.embed_tokens.weight.dtype == mx.bfloat16  # advice only: nothing cast
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowDtypeWarning)
+        load_target(tiny_bf16_dir, dtype="float32")  # the fix
+        load_target(tiny_bf16_dir, dtype="bfloat16")  # a dtype chosen on purpose
+        load_target(tiny_dirs["qwen3"])  # float32 as stored
+        monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))  # on a GPU half precision is fast
+        load_target(tiny_bf16_dir)
 
 
 @pytest.mark.parametrize("prompt, match", [("", "the prompt is empty"), ("   \n", "the prompt is empty"), ([], "the prompt is empty")])

@@ -26,6 +26,7 @@ import json
 import math
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -42,7 +43,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.speculative import speculative_generate
 from ..engine.target import Target
 from ..engine.text import encode_prompt
-from ..errors import InputError
+from ..errors import InputError, SlowDtypeWarning
 
 
 PAD_TO = 64  # training sequences are padded to a multiple of this many tokens
@@ -180,7 +181,9 @@ def training_copy(model: str, target: Target, setting: str, taps=None) -> tuple[
     dense, why = training_target(target, setting, device_memory())
     if not dense:
         return target, False, why
-    copy, _ = load_target(model, dequantize=True, taps=taps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SlowDtypeWarning)  # as for the target itself, below
+        copy, _ = load_target(model, dequantize=True, taps=taps)
     return copy, True, why
 
 
@@ -622,7 +625,11 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         # its memory limit: on the H200 one run's cache grew past 50 GB, and two runs on one GPU
         # ran it out of memory.
         mx.set_cache_limit(int(cfg.cache_gb * 2**30))
-    target, tokenizer = load_target(cfg.model)
+    with warnings.catch_warnings():
+        # The head learns the target as its user will run it, so distill does not cast it (a
+        # float32 copy would label near-ties its own way), and the advice to cast does not apply.
+        warnings.simplefilter("ignore", SlowDtypeWarning)
+        target, tokenizer = load_target(cfg.model)
     c = head_config(target, cfg)
     target.check_taps(c.target_layer_ids)
     target.probe(c.target_layer_ids)
