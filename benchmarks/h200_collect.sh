@@ -80,9 +80,9 @@ if [ -f "$weights" ]; then
     if [ -n "${PARTS:-}" ]; then
       send=$PARTS
     else
-      # Parts of the snapshot not returned yet; all of them if the weights fit one call.
-      # As many 15 MB parts as fit beside the results archive in a call's 64 MiB (1 MiB kept
-      # spare), and at most 5: a call returns 8 files, and config, manifest and archive are three.
+      # The parts of the snapshot not returned yet, as many as fit beside the results archive in
+      # a call's 64 MiB (1 MiB kept spare), and at most 5: a call returns 8 files, and config,
+      # manifest and archive are three.
       send=$(not_returned)
       used=$(stat -c %s "$out/results.tar.gz" 2>/dev/null || echo 0)
       fit=$(( (64 * 1048576 - 1048576 - used) / 15000000 )); [ "$fit" -gt 5 ] && fit=5; [ "$fit" -lt 1 ] && fit=1
