@@ -25,7 +25,11 @@ set -u
 run=/tmp/$1
 out=${OUT:?run this on the device, where OUT is set}
 [ -f "$run/config.json" ] && cp "$run/config.json" "$out/"
-mkdir -p "$run/.collect"
+snap=$run/.collect; mkdir -p "$snap"  # the frozen weights (below) and what this script remembers between calls
+not_returned() { for p in $(cat "$snap/all" 2>/dev/null); do grep -qx "$p" "$snap/returned" || echo "$p"; done | tr '\n' ' '; }
+weights=$run/model.safetensors
+size=$( [ -f "$weights" ] && stat -c %s "$weights" || echo 0)
+sum=$( [ "$size" -gt 16000000 ] && sha256sum "$weights" | cut -d' ' -f1)  # only weights that travel in parts
 
 # The results archive goes first, so the weights get what room it leaves. The generated rows (12 MB
 # compressed by the end of a Qwen round) are left out of it while weight parts wait to be sent and
@@ -35,24 +39,20 @@ mkdir -p "$run/.collect"
 # that followed was cut off by the session's end).
 [ -f "$run/data.jsonl" ] && grep -v '"generation": "corpus"' "$run/data.jsonl" > "$run/generated.jsonl"
 rows_sum=$( [ -f "$run/generated.jsonl" ] && sha256sum "$run/generated.jsonl" | cut -d' ' -f1)
-pending=$( [ -s "$run/.collect/all" ] && for p in $(cat "$run/.collect/all"); do grep -qx "$p" "$run/.collect/returned" || echo "$p"; done)
-if [ -f "$run/model.safetensors" ] && [ "$(stat -c %s "$run/model.safetensors")" -gt 16000000 ] \
-  && [ "$(sha256sum "$run/model.safetensors" | cut -d' ' -f1)" != "$(cat "$run/.collect/sha256" 2>/dev/null)" ]; then
-  pending=new  # a new version will be frozen below
-fi
-calls=$(( $(cat "$run/.collect/calls" 2>/dev/null || echo 0) + 1 )); echo "$calls" > "$run/.collect/calls"
+# Parts wait when the snapshot has some not yet returned, or the weights changed (a new version
+# will be frozen below).
+pending=$( [ -n "$sum" ] && { [ "$sum" != "$(cat "$snap/sha256" 2>/dev/null)" ] || [ -n "$(not_returned)" ]; } && echo 1)
+calls=$(( $(cat "$snap/calls" 2>/dev/null || echo 0) + 1 )); echo "$calls" > "$snap/calls"
 skip_rows=""
-[ $((calls % 4)) -ne 0 ] && [ -n "$pending" ] && [ -n "$rows_sum" ] && [ "$rows_sum" = "$(cat "$run/.collect/rows_sent" 2>/dev/null)" ] && skip_rows=1
+[ $((calls % 4)) -ne 0 ] && [ -n "$pending" ] && [ -n "$rows_sum" ] && [ "$rows_sum" = "$(cat "$snap/rows_sent" 2>/dev/null)" ] && skip_rows=1
 files=$(cd "$run" && ls generated.jsonl README.md eval.json pipeline.json overlap.json train_log.jsonl distill.log eval.log timing.log \
   self_instruct.log self_*.jsonl.gz 2>/dev/null | { if [ -n "$skip_rows" ]; then grep -vx generated.jsonl; else cat; fi })
 if [ -n "$files" ]; then
   tar czf "$out/results.tar.gz" -C "$run" $files
-  [ -z "$skip_rows" ] && [ -n "$rows_sum" ] && echo "$rows_sum" > "$run/.collect/rows_sent"
+  [ -z "$skip_rows" ] && [ -n "$rows_sum" ] && echo "$rows_sum" > "$snap/rows_sent"
   [ -n "$skip_rows" ] && echo "results: the generated rows left out (unchanged since an earlier call brought them)"
 fi
-weights=$run/model.safetensors
 if [ -f "$weights" ]; then
-  size=$(stat -c %s "$weights")
   if [ "$size" -le 16000000 ]; then
     cp "$weights" "$out/"
   else
@@ -61,10 +61,7 @@ if [ -f "$weights" ]; then
     # between two polls, and no version would ever come back whole. A new snapshot is taken once
     # the last one is home and the weights have changed, and at once when the run's distill has
     # ended ($run/.distill_done, written by h200_corpus_heads.sh): the final head goes first.
-    snap=$run/.collect; mkdir -p "$snap"
-    sum=$(sha256sum "$weights" | cut -d' ' -f1)
     have=$(cat "$snap/sha256" 2>/dev/null)
-    not_returned() { for p in $(cat "$snap/all"); do grep -qx "$p" "$snap/returned" || echo "$p"; done | tr '\n' ' '; }
     if [ "$sum" != "$have" ] && { [ -z "$have" ] || [ -z "$(not_returned)" ] || [ -f "$run/.distill_done" ]; }; then
       rm -f "$snap"/model.safetensors.part*
       cp "$weights" "$snap/whole"  # a checkpoint saved meanwhile replaces the file, not these bytes

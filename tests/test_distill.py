@@ -2,12 +2,14 @@
 through the strict loader and decodes losslessly, and a resumed run continues from its checkpoint."""
 
 import json
+import warnings
 
+import mlx.core as mx
 import pytest
 
 from conftest import PROMPTS
-from dspark_lab import InputError, greedy_generate, load_pair, speculative_generate
-from dspark_lab.lab.distill import DistillConfig, distill
+from dspark_lab import InputError, SlowDtypeWarning, greedy_generate, load_pair, speculative_generate
+from dspark_lab.lab.distill import DistillConfig, distill, load_target_as_is
 
 
 def config(model, out, **kw):
@@ -721,3 +723,11 @@ def test_generated_rows_name_their_model_and_another_models_rows_are_flagged(tin
     said = []
     distill(config(tiny_dirs["qwen3"], out, steps=2, eval_every=100), progress=False, say=said.append)
     assert any(f"{len(rows)} of them were written by another model (qwen2.5-coder-0.5b-q4-bfloat16)" in m for m in said)
+
+
+def test_distill_loads_a_half_precision_target_as_is_and_without_the_cast_advice(tiny_bf16_dir):
+    # The head learns the target as its user runs it: no cast, and no note telling the user to cast.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowDtypeWarning)
+        target, _ = load_target_as_is(str(tiny_bf16_dir))
+    assert target.model.model.embed_tokens.weight.dtype == mx.bfloat16

@@ -171,19 +171,26 @@ def training_target(target: Target, setting: str, memory: int | None) -> tuple[b
     return True, f"a dequantized copy of the target ({size} more; the same weights as plain matmuls, faster at batch sizes above one)"
 
 
+def load_target_as_is(model: str, **kwargs):
+    """load_target without the advice to cast a half-precision model on the CPU: the head learns
+    the target as its user will run it, and a float32 copy would label near-ties its own way."""
+    from ..engine.loading import load_target
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SlowDtypeWarning)
+        return load_target(model, **kwargs)
+
+
 def training_copy(model: str, target: Target, setting: str, taps=None) -> tuple[Target, bool, str]:
     """The Target that makes distill's data and runs its training forward, as `training_target`
     decides: `target` itself, or a dequantized copy loaded from `model` (probed on `taps`, as the
     target was); then whether it is the copy, and why."""
-    from ..engine.loading import load_target
     from .device import device_memory
 
     dense, why = training_target(target, setting, device_memory())
     if not dense:
         return target, False, why
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SlowDtypeWarning)  # as for the target itself, below
-        copy, _ = load_target(model, dequantize=True, taps=taps)
+    copy, _ = load_target_as_is(model, dequantize=True, taps=taps)
     return copy, True, why
 
 
@@ -611,8 +618,6 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     """Run (or resume) a distillation; returns the output directory (a loadable head)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ..engine.loading import load_target
-
     out = Path(cfg.out)
     ckpt = out / "checkpoint"
     if out.exists() and any(out.iterdir()) and not resume and not (out / "data.jsonl").exists():
@@ -625,11 +630,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         # its memory limit: on the H200 one run's cache grew past 50 GB, and two runs on one GPU
         # ran it out of memory.
         mx.set_cache_limit(int(cfg.cache_gb * 2**30))
-    with warnings.catch_warnings():
-        # The head learns the target as its user will run it, so distill does not cast it (a
-        # float32 copy would label near-ties its own way), and the advice to cast does not apply.
-        warnings.simplefilter("ignore", SlowDtypeWarning)
-        target, tokenizer = load_target(cfg.model)
+    target, tokenizer = load_target_as_is(cfg.model)
     c = head_config(target, cfg)
     target.check_taps(c.target_layer_ids)
     target.probe(c.target_layer_ids)
