@@ -9,8 +9,8 @@
 # (whole, or in 15 MB parts, see below),
 # and one results.tar.gz with the card, the evaluation and timing JSON, every log, the requests the
 # target wrote itself (SELF_INSTRUCT), and the data's
-# generated rows (the target's own continuations: made on the GPU's clock, lost with the machine
-# otherwise; the read corpus rows are left out, they are rebuilt on any machine).
+# generated rows made on the device (the target's own continuations: made on the GPU's clock, lost
+# with the machine otherwise; the shipped rows and the read corpus rows are left out, this side has them).
 # A head over 16 MB (the 2-layer Qwen 0.5B head is 103 MB: 7 parts) comes back in 15 MB parts, as
 # many a call as fit beside the results archive (3 with the generated rows in it, 4 without), and
 # each call brings the parts of one frozen version (the snapshot in /tmp/NAME/.collect, below) that
@@ -37,7 +37,13 @@ sum=$( [ "$size" -gt 16000000 ] && sha256sum "$weights" | cut -d' ' -f1)  # only
 # files did not come back): after the generation they no longer change, and the room holds a
 # fourth part instead (in the fourteenth round the final head took three polls, and the timing
 # that followed was cut off by the session's end).
-[ -f "$run/data.jsonl" ] && grep -v '"generation": "corpus"' "$run/data.jsonl" > "$run/generated.jsonl"
+# Only the rows written after the shipped ones (h200_corpus_heads.sh counts those in .shipped_rows):
+# the shipped ones are on this side already.
+shipped=$(cat "$run/.shipped_rows" 2>/dev/null || echo 0)
+rm -f "$run/generated.jsonl"
+[ -f "$run/data.jsonl" ] && tail -n +$((shipped + 1)) "$run/data.jsonl" | grep -v '"generation": "corpus"' > "$run/generated.jsonl.new" \
+  && mv "$run/generated.jsonl.new" "$run/generated.jsonl"
+rm -f "$run/generated.jsonl.new"
 rows_sum=$( [ -f "$run/generated.jsonl" ] && sha256sum "$run/generated.jsonl" | cut -d' ' -f1)
 # Parts wait when the snapshot has some not yet returned, or the weights changed (a new version
 # will be frozen below).

@@ -34,7 +34,9 @@ run=${RUN_DIR:-/tmp/$name}  # where h200_collect.sh NAME looks; RUN_DIR only for
 mkdir -p "$run"; rm -rf "$run/.distill_done" "$run/.collect"  # a previous run's marks for h200_collect.sh
 # RESUME=1: continue the checkpoint already in /tmp/NAME (a new cosine over MINUTES).
 # INIT=DIR: start from a trained head's weights (e.g. the committed fixture), fresh optimizer.
-[ "${RESUME:-0}" = 1 ] || gunzip -c "$DATA" > "$run/data.jsonl"
+# .shipped_rows: how many rows came in DATA, so h200_collect.sh brings back only the rows made here
+# (a run that generates nothing, as the Qwen 1.5B's on the 0.5B's rows, then brings none).
+[ "${RESUME:-0}" = 1 ] || { gunzip -c "$DATA" > "$run/data.jsonl" && wc -l < "$run/data.jsonl" > "$run/.shipped_rows"; }
 # GEN_PROMPTS=FILE (a prompt JSONL, or any --prompts spec) and GEN_MINUTES=M: first add the
 # target's own greedy continuations of those prompts for M minutes (mlx-lm's batched generator,
 # GEN_BATCH prompts at once) to the data file. They are the only rows whose every block slot is

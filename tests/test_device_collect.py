@@ -70,6 +70,28 @@ def test_collect_returns_head_logs_and_generated_rows(run_dir, tmp_path):
     assert [r["ids"] for r in generated] == [[1, 2], [5, 6]]
 
 
+def test_collect_leaves_out_the_rows_that_were_shipped(run_dir, tmp_path):
+    # h200_corpus_heads.sh counts the rows that came in DATA; only the ones made on the device
+    # come back (the fifteenth round's Qwen 1.5B run trained on 42,944 shipped rows and made none).
+    name, run = run_dir
+    rows = [{"ids": [i, i], "prompt_len": 1, "generation": "greedy-batched"} for i in range(3)]
+    (run / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / ".shipped_rows").write_text("2\n")
+    (run / "distill.log").write_text("log")
+    out = tmp_path / "out"
+    out.mkdir()
+    collect(name, out)
+    with tarfile.open(out / "results.tar.gz") as tar:
+        generated = [json.loads(line) for line in tar.extractfile("generated.jsonl").read().decode().splitlines()]
+    assert [r["ids"] for r in generated] == [[2, 2]]
+    (run / ".shipped_rows").write_text("3\n")  # nothing made here: no rows file at all
+    again = tmp_path / "again"
+    again.mkdir()
+    collect(name, again)
+    with tarfile.open(again / "results.tar.gz") as tar:
+        assert tar.getnames() == ["distill.log"]
+
+
 def test_collect_before_anything_exists_returns_nothing_and_succeeds(run_dir, tmp_path):
     name, _ = run_dir
     collect(name, tmp_path)

@@ -46,6 +46,7 @@ def test_self_instruct_requests_go_first_into_the_generation(tmp_path):
     assert "--data-only" in generation and f"--prompts {self_file},/x/code_synth3.jsonl.gz " in generation
     assert "--tokens 0" in calls[2] and "lossless_check.py" in calls[3] and len(calls) == 4  # train, evaluate; TIMING=none
     assert "self-instruct code rc=0" in out and (run / "data.jsonl").read_text() == '{"ids": [1, 2]}\n'
+    assert (run / ".shipped_rows").read_text().strip() == "1"  # h200_collect.sh brings back only the rows after it
     # h200_collect.sh returns the final head first once distill has ended, and only then
     assert [c.endswith("[distill_done=1]") for c in calls] == [False, False, False, True]
     assert not (run / ".collect").exists()
