@@ -3,7 +3,7 @@ token identity per prompt, and for every difference where it starts and how clos
 top two logits were there.
 
     python benchmarks/lossless_check.py --model DIR [--head DIR --mode dspark|dflash --cap 4 [--lookup-drafts]]
-        [--prompts copy,code] [--limit 6] [--max-new-tokens 512] [--no-lookup-arm]
+        [--prompts copy,code] [--limit 6] [--only code-005,...] [--max-new-tokens 512] [--no-lookup-arm] [--dtype float32]
 
 The head drafts on its own unless --lookup-drafts (then a long n-gram match is verified instead),
 so its mean accept length is the head's. Per set it also prints, for each draft position, the share
@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--mode", default="dspark")
     ap.add_argument("--prompts", default="copy,code")
     ap.add_argument("--limit", type=int, default=6)
+    ap.add_argument("--only", help="comma-separated prompt ids: just these (e.g. one that parted from greedy on the GPU)")
+    ap.add_argument("--dtype", help="load the target in this dtype (float32: where a bf16 run parted at a near-tie, is it rounding?)")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--cap", type=int, default=4)
     ap.add_argument("--lookup-drafts", action="store_true")
@@ -43,13 +45,18 @@ def main() -> None:
     ap.add_argument("--drafter-bits", type=int, default=4, help="head weight bits (16 = as saved)")
     ap.add_argument("--out")
     args = ap.parse_args()
-    target, tok = load_target(args.model)
+    target, tok = load_target(args.model, dtype=args.dtype)
     head = None
     if args.head:
         from dspark_lab.engine.drafters.load import load_dflash, load_dspark
 
         head = (load_dflash if args.mode == "dflash" else load_dspark)(args.head, target, bits=args.drafter_bits)
-    prompts = [p for s in load_prompt_sets(args.prompts, limit=args.limit) for p in s.prompts]
+    prompts = [p for s in load_prompt_sets(args.prompts, limit=None if args.only else args.limit) for p in s.prompts]
+    if args.only:
+        wanted = args.only.split(",")
+        prompts = [p for p in prompts if p.id in wanted]
+        if len(prompts) != len(wanted):
+            raise SystemExit(f"--only: no prompt {sorted(set(wanted) - {p.id for p in prompts})} in --prompts {args.prompts}")
     t0 = time.perf_counter()
     first = encode_prompt(tok, prompts[0].as_input())
     greedy_generate(target, tok, first, max_new_tokens=32)  # warm-up (kernel compiles)
