@@ -11,6 +11,7 @@ Arms, per prompt (every arm gets the same prompt token ids):
   peer@k        mlx_dspark.speculative_generate on the same head, lookup drafts off, cap k
   mlxlm_draft@k mlx-lm's draft-model speculative decoding (only with --draft-model)
   ours_draft@k  our draft-model mode on the same small model (only with --draft-model)
+  ours_draft_pipe@k  the same through our pipelined loop (draft-pipe; plain-KV models only)
 
 Every arm runs once untimed first (kernel compiles; NVRTC on CUDA), then `--repeats` timed
 passes with the arms interleaved so drift hits them alike; the median is reported.
@@ -102,11 +103,11 @@ def our_greedy_arm(target, tokenizer, ids, max_tokens, eos):
     return Run(_strip_eos(r.token_ids, eos), r.decode_tokens_per_sec, time.perf_counter() - t)
 
 
-def our_draft_model_arm(target, tokenizer, draft, ids, max_tokens, cap, eos):
+def our_draft_model_arm(target, tokenizer, draft, ids, max_tokens, cap, eos, pipeline=False):
     from dspark_lab import draft_model_generate
 
     t = time.perf_counter()
-    r = draft_model_generate(target, tokenizer, draft, ids, max_new_tokens=max_tokens, max_draft_tokens=cap)
+    r = draft_model_generate(target, tokenizer, draft, ids, max_new_tokens=max_tokens, max_draft_tokens=cap, pipeline=pipeline)
     return Run(_strip_eos(r.token_ids, eos), r.decode_tokens_per_sec, time.perf_counter() - t, r.mean_accept_len)
 
 
@@ -275,6 +276,8 @@ def run(args) -> dict:
             arms[f"mlxlm_draft@{k}"] = lambda ids, k=k: mlx_lm_arm(target.model, tok, ids, args.max_new_tokens, eos,
                                                                   draft_model, k)
             arms[f"ours_draft@{k}"] = lambda ids, k=k: our_draft_model_arm(target, tok, our_draft, ids, args.max_new_tokens, k, eos)
+            arms[f"ours_draft_pipe@{k}"] = lambda ids, k=k: our_draft_model_arm(target, tok, our_draft, ids, args.max_new_tokens, k, eos,
+                                                                                pipeline=True)
 
     encoded = {p: encode_prompt(tok, PROMPTS[p]) for p in names}
     errors = dict(skipped)

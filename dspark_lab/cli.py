@@ -64,11 +64,12 @@ class Mode(str, Enum):
     dspark_pipe = "dspark-pipe"
     dflash = "dflash"
     draft = "draft"
+    draft_pipe = "draft-pipe"
     auto = "auto"
 
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
-DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (mode draft), directory or repo id.")]
+DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (modes draft and draft-pipe), directory or repo id.")]
 LaunchEveryOpt = Annotated[str, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off; auto: probe once for this model on this machine, store the verdict in --db and reuse it); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
@@ -78,7 +79,7 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
-    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
+    mode: Annotated[Mode, typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); draft-pipe: the same through the pipelined loop (plain-KV target and draft model); auto: the registry's measured drafter for this model, else lookup.")] = Mode.baseline,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head directory or repo id.")] = None,
     draft_model: DraftModelOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
@@ -120,10 +121,11 @@ def generate(
         max_draft = None
     if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dflash) and drafter is None:
         raise DsparkError(f"--mode {mode.value} needs --drafter DIR (a head for this model); or use --mode auto or lookup.")
-    if mode is Mode.draft and draft_model is None:
-        raise DsparkError("--mode draft needs --draft-model DIR (a small model with this model's tokenizer); or use --mode lookup, which needs none.")
-    if draft_model is not None and mode is not Mode.draft:
-        raise DsparkError(f"--draft-model is only used by --mode draft (this run is --mode {mode.value}); add --mode draft or drop --draft-model.")
+    draft_modes = (Mode.draft, Mode.draft_pipe)
+    if mode in draft_modes and draft_model is None:
+        raise DsparkError(f"--mode {mode.value} needs --draft-model DIR (a small model with this model's tokenizer); or use --mode lookup, which needs none.")
+    if draft_model is not None and mode not in draft_modes:
+        raise DsparkError(f"--draft-model is only used by --mode draft or draft-pipe (this run is --mode {mode.value}); add --mode draft or drop --draft-model.")
     if mode is Mode.auto and drafter is None:
         from .lab.device import collect_device_stamp, machine_class
 
@@ -147,7 +149,7 @@ def generate(
         target, tokenizer, head, pair = load_dflash_pair(model, drafter, drafter_bits=drafter_bits, drafter_window=drafter_window,
                                                           max_draft_tokens=max_draft, **load_opts)
         max_draft = pair.max_draft_tokens
-    if mode is Mode.draft:
+    if mode in draft_modes:
         from .engine import load_draft_pair
 
         target, tokenizer, head, pair = load_draft_pair(model, draft_model, max_draft_tokens=max_draft, **load_opts)
@@ -167,7 +169,7 @@ def generate(
         launch_every = verdict.every
     target.launch_every = launch_every
     controller = None
-    if auto_cap and mode in (Mode.dspark, Mode.dspark_pipe, Mode.dflash, Mode.lookup, Mode.draft):
+    if auto_cap and mode in (Mode.dspark, Mode.dspark_pipe, Mode.dflash, Mode.lookup, *draft_modes):
         from .db import open_db
         from .lab.calibrate import calibrate as run_calibration
 
@@ -175,7 +177,7 @@ def generate(
         engine = open_db(db)
         try:
             controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
-                                         drafter_id=draft_model if mode is Mode.draft else drafter, db=engine)
+                                         drafter_id=draft_model if mode in draft_modes else drafter, db=engine)
         finally:
             engine.dispose()
     from .engine.kernels import cuda_available
@@ -198,8 +200,9 @@ def generate(
                                       confidence_threshold=confidence_threshold, cap_controller=controller,
                                       pipeline=mode is Mode.dspark_pipe, compile_draft=compile_draft,
                                       lookup_kernel=bool(lookup_kernel), **common)
-    elif mode is Mode.draft:
-        result = draft_model_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, cap_controller=controller, **common)
+    elif mode in draft_modes:
+        result = draft_model_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, cap_controller=controller,
+                                      pipeline=mode is Mode.draft_pipe, **common)
     elif mode is Mode.lookup:
         result = lookup_generate(target, tokenizer, prompt, max_draft_tokens=max_draft or 8, cap_controller=controller, **common)
     else:
@@ -311,7 +314,7 @@ def sweep(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
     drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
     draft_model: Annotated[Optional[list[str]], typer.Option("--draft-model", help="Draft model for mode draft (repeatable); each is paired with every model whose tokenizer it shares.")] = None,
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dflash, draft (the baseline always runs). Default: lookup, plus dspark, dspark-pipe and dflash when drafters are given (each head runs in the modes it loads as), plus draft when draft models are given.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dflash, draft, draft-pipe (the baseline always runs). Default: lookup, plus dspark, dspark-pipe and dflash when drafters are given (each head runs in the modes it loads as), plus draft and draft-pipe when draft models are given.")] = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
@@ -339,7 +342,7 @@ def sweep(
     else:
         if not model:
             raise DsparkError("sweep needs --model (or --grid FILE).")
-        mode_list = _csv(modes) if modes else (["lookup"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft"] if draft_model else []))
+        mode_list = _csv(modes) if modes else (["lookup"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft", "draft-pipe"] if draft_model else []))
         cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
@@ -442,7 +445,7 @@ def benchmark(
     from .lab.results import export_run
     from .lab.sweep import SweepConfig, run_sweep
 
-    modes = ["baseline"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft"] if draft_model else [])
+    modes = ["baseline"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft", "draft-pipe"] if draft_model else [])
     if len(modes) == 1:  # nothing to pair with: measure lookup, which needs no drafter
         modes.append("lookup")
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),

@@ -82,6 +82,57 @@ def test_greedy_is_lossless_at_every_cap(qwen3, drafters, greedy16, name):
         assert partial > 10  # ... also keeping some drafted rows
 
 
+@pytest.mark.parametrize("name", ["random", "noisy", "self"])
+def test_pipelined_greedy_is_lossless_at_every_cap(qwen3, drafters, greedy16, name):
+    """draft-pipe: the draft model's cache is written at the round's array offset and never
+    rolled back; a wrong row (a rejected draft's, or the accepted draft it never fed) would show
+    as a lost accept for the target drafting for itself, and a wrong target row as other tokens."""
+    target, tok = qwen3
+    rejected = 0
+    for p, ref in greedy16.items():
+        for cap in (1, 2, 3, 5, 7):
+            r = draft_model_generate(target, tok, drafters[name], p, max_new_tokens=16, max_draft_tokens=cap, pipeline=True)
+            assert r.token_ids == ref, (name, cap, p)
+            assert r.mode == "draft-pipe" and max(r.draft_lengths) <= cap
+            if name == "self":
+                assert all(a == d + 1 for a, d in zip(r.accept_lengths[:-1], r.draft_lengths)), (cap, p)
+            rejected += rejected_rounds(r)
+    if name != "self":
+        assert rejected > 30  # the stale rows past the offset really were there to hide
+
+
+class CapSequence:
+    """A controller that asks for the given caps in turn, zeros included (a round of no drafts,
+    after which the draft model must still see the token that round committed)."""
+
+    def __init__(self, caps):
+        self.caps, self.i = caps, 0
+
+    def cap(self):
+        self.i += 1
+        return self.caps[(self.i - 1) % len(self.caps)]
+
+    def observe(self, drafted, committed, seconds):
+        pass
+
+
+def test_pipelined_rounds_of_no_drafts_keep_the_draft_model_current(qwen3, greedy16):
+    target, tok = qwen3
+    for p, ref in list(greedy16.items())[:6]:
+        r = draft_model_generate(target, tok, target, p, max_new_tokens=16, max_draft_tokens=4, pipeline=True,
+                                 cap_controller=CapSequence([0, 0, 3, 0, 4, 1]))
+        assert r.token_ids == ref and 0 in r.draft_lengths
+        # The target drafting for itself after two rounds of cap 0: every draft still accepted.
+        assert all(a == d + 1 for a, d in zip(r.accept_lengths[:-1], r.draft_lengths)), (p, r.accept_lengths, r.draft_lengths)
+
+
+def test_pipelined_draft_mode_refuses_a_model_it_cannot_rewind(qwen3, tmp_path):
+    target, tok = qwen3
+    hybrid, _ = load_target(build_tiny_model(tmp_path / "h", "lfm2", num_layers=2))
+    with pytest.raises(InputError, match="pipeline needs plain KV caches"):
+        draft_model_generate(target, tok, hybrid, "hi", max_new_tokens=4, pipeline=True)
+
+
 def test_noisy_drafter_is_accepted_often(qwen3, drafters):
     target, tok = qwen3
     results = [draft_model_generate(target, tok, drafters["noisy"], p, max_new_tokens=32, max_draft_tokens=4) for p in REPETITIVE]
@@ -155,6 +206,21 @@ def test_sampling_with_a_draft_model_is_exact(qwen3, drafters):
     assert_same_token_distribution(plain, spec, (1, 2, 3))
 
 
+def test_pipelined_sampling_with_a_draft_model_is_exact(qwen3, drafters):
+    """The same check through the pipelined loop: drafts sampled lazily on the device, their
+    distributions handed to verify without a host read."""
+    target, tok = qwen3
+    prompt, n = REPETITIVE[1], 300
+    params = dict(max_new_tokens=4, temperature=1.0, top_k=4, top_p=0.95, apply_chat_template=False)
+    plain = [greedy_generate(target, tok, prompt, seed=s, **params).token_ids for s in range(n)]
+    runs = [draft_model_generate(target, tok, drafters["noisy"], prompt, seed=9000 + s, max_draft_tokens=3, pipeline=True, **params)
+            for s in range(n)]
+    accepted = sum(sum(a - 1 for a in r.accept_lengths) for r in runs)
+    rejected = sum(rejected_rounds(r) for r in runs)
+    assert accepted > n // 2 and rejected > n // 10
+    assert_same_token_distribution(plain, [r.token_ids for r in runs], (1, 2, 3))
+
+
 def test_drafter_distribution_is_the_processed_one(qwen3, drafters):
     """Draft.probs rows are distributions over the target's vocabulary, restricted by top_k."""
     from dspark_lab.engine.drafters.draft_model import DraftModelSource
@@ -223,6 +289,38 @@ def test_sweep_runs_draft_mode(tiny_dirs, draft_dirs, tmp_path):
         con.close()
 
 
+def test_sweep_runs_draft_pipe_mode_beside_draft_mode(tiny_dirs, draft_dirs, tmp_path):
+    import duckdb
+
+    from dspark_lab.lab.sweep import SweepConfig, run_sweep
+
+    db = tmp_path / "r.duckdb"
+    cfg = SweepConfig(models=[str(tiny_dirs["qwen3"])], draft_models=[str(draft_dirs["noisy"])], modes=["baseline", "draft", "draft-pipe"],
+                      caps=["3", "auto"], prompt_sets=["code"], trials=1, max_new_tokens=10, prompt_limit=2)
+    run_sweep(cfg, db, progress=False)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rows = con.sql("select mode, cap, lossless, drafter_id from trials where mode like 'draft%' order by mode, cap").fetchall()
+        assert [(m, c) for m, c, _, _ in rows] == [("draft", "3"), ("draft", "3"), ("draft", "auto"), ("draft", "auto"),
+                                                   ("draft-pipe", "3"), ("draft-pipe", "3"), ("draft-pipe", "auto"), ("draft-pipe", "auto")]
+        assert all(lossless and d == str(draft_dirs["noisy"]) for _, _, lossless, d in rows)
+        # Both modes start from the draft model's one set of curves (the pipelined one then learns its own round times).
+        assert con.sql("select count(*) from calibration where mode = 'draft'").fetchall()[0][0] == 1
+    finally:
+        con.close()
+
+
+def test_sweep_skips_draft_pipe_for_a_draft_model_it_cannot_rewind(tiny_dirs, tmp_path):
+    from dspark_lab.lab.sweep import SweepConfig, run_sweep
+
+    hybrid = build_tiny_model(tmp_path / "h", "lfm2", num_layers=2, tokenizer_from=tiny_dirs["qwen3"])
+    said = []
+    cfg = SweepConfig(models=[str(tiny_dirs["qwen3"])], draft_models=[str(hybrid)], modes=["baseline", "draft-pipe"],
+                      caps=["2"], prompt_sets=["code"], trials=1, max_new_tokens=6, prompt_limit=1, warmup=False)
+    run_sweep(cfg, tmp_path / "r.duckdb", progress=False, on_event=said.append)
+    assert any("skipping mode draft-pipe" in m and "plain KV caches" in m for m in said), said
+
+
 def test_sweep_draft_mode_needs_a_draft_model(tiny_dirs):
     from dspark_lab.lab.sweep import SweepConfig
 
@@ -245,6 +343,15 @@ def test_cli_generate_draft_mode(tiny_dirs, draft_dirs):
                             "-p", "a b c a b c a b c", "-n", "12", "--max-draft", "3"])
     assert r.exit_code == 0, r.output
     assert "12 tokens (length)" in r.output and "mean accept length" in r.output
+
+
+def test_cli_generate_draft_pipe_mode(tiny_dirs, draft_dirs):
+    common = ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "a b c a b c a b c", "-n", "12", "--no-chat-template"]
+    plain = runner.invoke(app, common)
+    piped = runner.invoke(app, [*common, "--mode", "draft-pipe", "--draft-model", str(draft_dirs["noisy"]), "--max-draft", "3"])
+    assert plain.exit_code == 0 and piped.exit_code == 0, piped.output
+    assert "12 tokens (length)" in piped.output and "mean accept length" in piped.output
+    assert piped.stdout == plain.stdout  # the same text as plain decoding
 
 
 def test_cli_draft_mode_needs_a_draft_model(tiny_dirs):

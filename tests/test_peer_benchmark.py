@@ -51,5 +51,6 @@ def test_draft_model_arm_and_caps_past_the_head(tiny_dirs, tmp_path):
     assert arms["mlxlm_draft@1"]["identical_to_greedy"] and arms["ours@1"]["identical_to_greedy"]
     for k in (1, 5):  # our draft-model mode: the target drafting for itself accepts every draft
         assert arms[f"ours_draft@{k}"]["identical_to_greedy"] and arms[f"ours_draft@{k}"]["mean_accept"] > 1
+        assert arms[f"ours_draft_pipe@{k}"]["identical_to_greedy"] and arms[f"ours_draft_pipe@{k}"]["mean_accept"] > 1
     assert "ours@5" not in arms and "max drafts" in result["arm_errors"]["ours@5"]
     assert result["arm_errors"]["peer@1"] == "skipped (--no-peer)"

@@ -18,7 +18,8 @@ The head's context length always equals the target's cache length when a block i
 (both hold every position except the newest pending token), so one offset serves both.
 
 Output is the same as the plain loop's: the same draft, verify and acceptance rule run on the
-same rows. With `lookup_n`, n-gram lookup drafts run on the device too (DeviceLookup): the
+same rows. A small draft model drafts the same way (drafters/draft_model.py: its own cache is
+written at the same offset). With `lookup_n`, n-gram lookup drafts run on the device too (DeviceLookup): the
 committed tokens stay in a device array, and where the newest n of them occurred before, the
 tokens that followed then replace the head's drafts slot by slot (the width stays the cap, so
 the shapes stay fixed). What is left out: confidence truncation (it changes the verify width
@@ -55,7 +56,8 @@ def pipelined_loop(
     compile_draft: bool = False,
     lookup_kernel=None,
 ) -> GenResult:
-    """Speculative decoding with a head drafter, one round always in flight (see module doc).
+    """Speculative decoding with a DSpark head, or a draft model (drafters.draft_model.PipelinedDraftModel),
+    one round always in flight (see module doc).
     `lookup_n`: n-gram lengths for device-side lookup drafts, the longest matching one used (none: head alone).
     `compile_draft`: append the context and draft in one compiled trace (greedy; DSparkDrafter.draft_step_at).
     `lookup_kernel`: a custom kernel for the device-side lookup (see DeviceLookup)."""
@@ -90,8 +92,7 @@ def pipelined_loop(
             draft = drafter.draft_step_at(rows, rows_at, pending, k, params, offset, compiled=compile_draft)
             drafts, probs = draft.tokens.astype(mx.uint32), draft.probs
         else:
-            if rows is not None:
-                drafter.append_context_at(rows, rows_at)
+            drafter.catch_up_at(rows, rows_at, pending, offset)
             drafts, probs = mx.zeros((0,), dtype=mx.uint32), None
         if lookup is not None:
             drafts, probs = lookup.overlay(pending, offset, drafts, probs, bound)

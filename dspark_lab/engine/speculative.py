@@ -210,11 +210,11 @@ def load_pair(
                 f"the registry's best measured mode for {str(model)!r} is {entry.get('mode')!r}, which needs no drafter "
                 f"({entry.get('speedup')}x on {entry.get('machine') or entry.get('device')}): use --mode lookup, or pass drafter=."
             )
-        if entry.get("mode") == "draft":
+        if entry.get("mode") in ("draft", "draft-pipe"):
             # A draft model is not a head: it loads through load_draft_pair, not the head loaders.
             raise LoadError(
-                f"the registry's best measured mode for {str(model)!r} is draft with the draft model {entry['drafter']!r}: "
-                f"use --mode draft --draft-model {entry['drafter']} (load_draft_pair), or pass drafter= with a head."
+                f"the registry's best measured mode for {str(model)!r} is {entry['mode']} with the draft model {entry['drafter']!r}: "
+                f"use --mode {entry['mode']} --draft-model {entry['drafter']} (load_draft_pair), or pass drafter= with a head."
             )
         drafter, source, mode = entry["drafter"], "registry", entry.get("mode", "dspark")
         cap = entry.get("cap")
@@ -350,6 +350,7 @@ def draft_model_generate(
     max_new_tokens: int = 256,
     max_draft_tokens: int = DEFAULT_DRAFT_MODEL_CAP,
     cap_controller=None,
+    pipeline: bool = False,
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -361,12 +362,23 @@ def draft_model_generate(
     """Speculative decoding with a small draft model (same tokenizer as the target): each round
     it drafts up to `max_draft_tokens` (or what `cap_controller` chooses, at most that) one by
     one, and the target verifies them in one forward. Output is the target's own greedy
-    tokens, or an exact sample of the target at temperature > 0."""
-    from .drafters.draft_model import DraftModelSource
+    tokens, or an exact sample of the target at temperature > 0. `pipeline`: build each round
+    while the previous one computes (engine/pipeline.py, mode "draft-pipe"); target and draft
+    model both need plain KV caches."""
+    from .drafters.draft_model import DraftModelSource, PipelinedDraftModel
 
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     if not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
         raise InputError(f"max_draft_tokens must be >= 1 for a draft model, got {max_draft_tokens!r}.")
     cap, on_round = cap_schedule(cap_controller, max_draft_tokens, max_draft_tokens)
+    stream = TextStream(tokenizer, stop, on_text)
+    if pipeline:
+        for model in (target, drafter):
+            check_pipeline_target(model)
+        from .pipeline import pipelined_loop
+
+        source = PipelinedDraftModel(drafter, target.vocab_size, prompt_ids, max_draft_tokens)
+        return pipelined_loop(target, prompt_ids, params, source, max_new_tokens=max_new_tokens, cap=cap, stream=stream,
+                              mode="draft-pipe", on_round=on_round)
     return speculative_loop(target, prompt_ids, params, DraftModelSource(drafter, target.vocab_size), max_new_tokens=max_new_tokens,
-                            cap=cap, stream=TextStream(tokenizer, stop, on_text), mode="draft", on_round=on_round)
+                            cap=cap, stream=stream, mode="draft", on_round=on_round)

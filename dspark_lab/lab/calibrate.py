@@ -233,10 +233,10 @@ def calibrate(
     from ..errors import InputError
     from .device import collect_device_stamp, device_key, machine_class
 
-    if mode == "dspark-pipe":
-        # The same head and parts as dspark: its curves are where the controller starts; it then
-        # learns the pipelined loop's real round times from what each round reports.
-        mode = "dspark"
+    if mode in ("dspark-pipe", "draft-pipe"):
+        # The same drafter and parts as the plain loop's mode: its curves are where the controller
+        # starts; it then learns the pipelined loop's real round times from what each round reports.
+        mode = mode.removesuffix("-pipe")
     if mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
     if mode != "lookup" and drafter is None:

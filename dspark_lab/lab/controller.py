@@ -20,7 +20,7 @@ from .curves import CostCurves
 
 # Assumed per-position (conditional) acceptance before a pair has been measured. Measured
 # values replace these (the registry stores them per pair).
-DEFAULT_ACCEPTANCE = {"dspark": 0.7, "dspark-pipe": 0.7, "dflash": 0.7, "draft": 0.7, "lookup": 0.5}
+DEFAULT_ACCEPTANCE = {"dspark": 0.7, "dspark-pipe": 0.7, "dflash": 0.7, "draft": 0.7, "draft-pipe": 0.7, "lookup": 0.5}
 
 
 def survival(profile: float | Sequence[float], cap: int) -> list[float]:

@@ -27,10 +27,12 @@ from sqlmodel import Session, select
 from ..errors import DsparkError, InputError
 from ..schemas.records import Run, Trial, utcnow
 
-MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dflash", "draft")
+MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dflash", "draft", "draft-pipe")
 HEAD_MODES = ("dspark", "dspark-pipe", "dflash")  # modes that need a drafter head
 # dspark-pipe: a DSpark head through the pipelined loop (engine/pipeline.py), head drafts only
-# unless the grid sets pipe_lookup (device-side lookup drafts) or compile_draft.
+# unless the grid sets pipe_lookup (device-side lookup drafts) or compile_draft; draft-pipe: a
+# draft model through the same loop.
+DRAFT_MODES = ("draft", "draft-pipe")  # modes that need a draft model
 AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size (lookup, a draft model)
 
 
@@ -62,8 +64,9 @@ class SweepConfig:
         for mode in HEAD_MODES:
             if mode in self.modes and not self.drafters:
                 raise InputError(f"mode {mode} needs at least one --drafter; drop {mode} from --modes or pass a head.")
-        if "draft" in self.modes and not self.draft_models:
-            raise InputError("mode draft needs at least one --draft-model (a small model with the target's tokenizer); drop draft from --modes or pass one.")
+        for mode in DRAFT_MODES:
+            if mode in self.modes and not self.draft_models:
+                raise InputError(f"mode {mode} needs at least one --draft-model (a small model with the target's tokenizer); drop {mode} from --modes or pass one.")
         for cap in self.caps:
             if cap != "auto" and not (cap.isdigit() and int(cap) >= 1):
                 raise InputError(f"cap {cap!r} is not a positive number or 'auto'.")
@@ -283,14 +286,24 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                 drafters[(mode, d)] = loaders[mode](d, target, bits=cfg.drafter_bits)
             except LoadError as e:  # a head of the other kind, or for another model in a multi-model grid
                 say(f"skipping drafter {d} for {model_id} in mode {mode}: {e}")
-    if "draft" in cfg.modes:
-        for d in cfg.draft_models:  # loaded once per target, like the heads
+    draft_modes = [m for m in DRAFT_MODES if m in cfg.modes]
+    if draft_modes:
+        for d in cfg.draft_models:  # loaded once per target, like the heads; both modes share it
             try:
                 drafter, draft_tok = load_target(d, dtype=cfg.dtype)
                 check_same_tokenizer(tok, draft_tok, drafter, model=model_id, draft_model=d)
-                drafters[("draft", d)] = drafter
             except LoadError as e:  # another family's tokenizer, in a multi-model grid
                 say(f"skipping draft model {d} for {model_id}: {e}")
+                continue
+            for mode in draft_modes:
+                if mode == "draft-pipe":
+                    try:
+                        check_pipeline_target(target)
+                        check_pipeline_target(drafter)
+                    except DsparkError as e:
+                        say(f"skipping mode draft-pipe for {model_id} with {d}: {e}")
+                        continue
+                drafters[(mode, d)] = drafter
     arms = plan_arms(cfg, model_id, list(drafters))
     cells = [(p, prompt, i) for p in sets for prompt in p.prompts for i in range(cfg.trials)]
     todo = [(arm, c) for c in cells for arm in arms if (f"{arm.key}|{c[0].name}|{c[1].id}", c[2]) not in done]
@@ -312,8 +325,9 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
             r = greedy_generate(target, tok, prompt_input, max_new_tokens=max_new)
         elif arm.mode == "lookup":
             r = lookup_generate(target, tok, prompt_input, max_new_tokens=max_new, max_draft_tokens=cap or 8, cap_controller=ctrl)
-        elif arm.mode == "draft":
-            r = draft_model_generate(target, tok, drafters[("draft", arm.drafter_id)], prompt_input, max_new_tokens=max_new,
+        elif arm.mode in DRAFT_MODES:
+            r = draft_model_generate(target, tok, drafters[(arm.mode, arm.drafter_id)], prompt_input, max_new_tokens=max_new,
+                                     pipeline=arm.mode == "draft-pipe",
                                      max_draft_tokens=cap or AUTO_MAX_CAP, cap_controller=ctrl)
         else:
             d = drafters[(arm.mode, arm.drafter_id)]

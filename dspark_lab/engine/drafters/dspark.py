@@ -217,6 +217,11 @@ class ContextDrafter:
             traced.update_and_fetch(k, v)
             cache.keys, cache.values = traced.keys, traced.values
 
+    def catch_up_at(self, taps: dict[int, mx.array] | None, taps_at: mx.array | None, pending: mx.array, at: mx.array) -> None:
+        """A pipelined round of cap 0: take the previous round's tapped rows (if any), draft nothing."""
+        if taps is not None:
+            self.append_context_at(taps, taps_at)
+
     def _positions(self, width: int, at: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
         """Query and key positions of a block of `width` rows over the keys the cache hands
         attention (padded to a bucket when width > 1; the whole buffer when the block sits at
