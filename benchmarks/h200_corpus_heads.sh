@@ -6,6 +6,7 @@
 # DATA: the run's data.jsonl (gzipped), made beforehand on any machine with
 #   dspark-lab distill -m MODEL --out DIR --prompts ... --tokens N --corpus sharegpt:ShareGPT.json --corpus-tokens M \
 #     --max-len 1024 --data-only
+# (or rebuilt from the committed rows of earlier rounds: benchmarks/gather_rows.py OUT --extra READ_ROWS),
 # so the GPU's time goes to training: the target's greedy continuations of PROMPTS plus whole
 # ShareGPT conversations it only reads, every position labelled with the target's own greedy
 # prediction. The built-in code, math and chat sets are not in the data: they are the held-out

@@ -19,10 +19,10 @@ The head's context length always equals the target's cache length when a block i
 
 Output is the same as the plain loop's: the same draft, verify and acceptance rule run on the
 same rows. A small draft model drafts the same way (drafters/draft_model.py: its own cache is
-written at the same offset). With `lookup_n`, n-gram lookup drafts run on the device too (DeviceLookup): the
-committed tokens stay in a device array, and where the newest n of them occurred before, the
-tokens that followed then replace the head's drafts slot by slot (the width stays the cap, so
-the shapes stay fixed). What is left out: confidence truncation (it changes the verify width
+written at the same offset). With `lookup_n`, n-gram lookup drafts run on the device too
+(DeviceLookup): the committed tokens stay in a device array, and where the newest n of them
+occurred before, the tokens that followed then replace the head's drafts slot by slot (the
+width stays the cap, so the shapes stay fixed). What is left out: confidence truncation (it changes the verify width
 after reading the head); targets with recurrent or sliding-window caches (their state cannot be
 rewound by moving an offset).
 """
