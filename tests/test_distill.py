@@ -2,6 +2,7 @@
 through the strict loader and decodes losslessly, and a resumed run continues from its checkpoint."""
 
 import json
+import shutil
 import warnings
 
 import mlx.core as mx
@@ -497,6 +498,23 @@ def test_data_only_makes_the_data_and_a_later_run_trains_on_it_without_reading_a
     corpus.unlink()  # the second run must not need the corpus: the data holds it already
     distill(config(tiny_dirs["qwen3"], out, **opts), progress=False, say=lambda m: None)
     assert (out / "data.jsonl").read_text() == data and (out / "model.safetensors").exists()
+
+
+def test_reading_a_corpus_needs_only_the_tokenizer(tiny_dirs, tmp_path):
+    """--data-only --tokens 0 only tokenizes: it runs on a model folder without its weights and
+    writes the same rows as a run that loaded them."""
+    corpus = _sharegpt(tmp_path / "sg.json")
+    opts = dict(tokens=0, corpus=f"sharegpt:{corpus}", corpus_tokens=200, data_only=True)
+    loaded = tmp_path / "loaded"  # the reference: a run that loads the weights (and trains a step) reads the same corpus
+    distill(config(tiny_dirs["qwen3"], loaded, **{**opts, "data_only": False}, steps=1, eval_every=100), progress=False,
+            say=lambda m: None)
+    bare = tmp_path / "model"
+    shutil.copytree(tiny_dirs["qwen3"], bare)
+    (bare / "model.safetensors").unlink()
+    said = []
+    distill(config(bare, tmp_path / "head", **opts), progress=False, say=said.append)
+    assert (tmp_path / "head" / "data.jsonl").read_text() == (loaded / "data.jsonl").read_text() != ""
+    assert any("weights were not loaded" in m for m in said)
 
 
 def test_a_sequence_shorter_than_its_anchor_count_trains_each_position_once(tiny_dirs, trained, tmp_path):

@@ -261,6 +261,22 @@ def cpu_dtype_advice(model, name: str) -> str | None:
             "differ from the half-precision model's at near-ties.")
 
 
+def load_tokenizer(repo_or_path: str | os.PathLike, *, trust_remote_code: bool = False):
+    """The model's tokenizer alone (mlx-lm's TokenizerWrapper, with the eos ids load_target's
+    has): for work that only tokenizes, such as reading a corpus into distill's data, where
+    loading the weights took minutes on a CPU."""
+    from mlx_lm.utils import load_tokenizer as mlx_lm_tokenizer
+
+    model_dir = resolve_model_path(repo_or_path)
+    check_remote_code(model_dir, trust_remote_code)
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.exists():
+        raise LoadError(f"no config.json in {str(model_dir)!r}: this is not a Hugging Face-layout model directory. Pass the directory that holds config.json and the tokenizer files.")
+    config = read_json(cfg_path)  # the weights need not be there: nothing here reads them
+    eos = config.get("eos_token_id", (config.get("text_config") or {}).get("eos_token_id"))
+    return mlx_lm_tokenizer(model_dir, eos_token_ids=eos)
+
+
 def load_target(
     repo_or_path: str | os.PathLike,
     *,
