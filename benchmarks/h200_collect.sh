@@ -40,10 +40,9 @@ sum=$( [ "$size" -gt 16000000 ] && sha256sum "$weights" | cut -d' ' -f1)  # only
 # Only the rows written after the shipped ones (h200_corpus_heads.sh counts those in .shipped_rows):
 # the shipped ones are on this side already.
 shipped=$(cat "$run/.shipped_rows" 2>/dev/null || echo 0)
-rm -f "$run/generated.jsonl"
-[ -f "$run/data.jsonl" ] && tail -n +$((shipped + 1)) "$run/data.jsonl" | grep -v '"generation": "corpus"' > "$run/generated.jsonl.new" \
-  && mv "$run/generated.jsonl.new" "$run/generated.jsonl"
-rm -f "$run/generated.jsonl.new"
+rm -f "$run/generated.jsonl"  # and none at all when there are no such rows (grep finds nothing)
+[ -f "$run/data.jsonl" ] && { tail -n +$((shipped + 1)) "$run/data.jsonl" | grep -v '"generation": "corpus"' > "$run/generated.jsonl" \
+  || rm -f "$run/generated.jsonl"; }
 rows_sum=$( [ -f "$run/generated.jsonl" ] && sha256sum "$run/generated.jsonl" | cut -d' ' -f1)
 # Parts wait when the snapshot has some not yet returned, or the weights changed (a new version
 # will be frozen below).

@@ -173,12 +173,18 @@ def choose_loader(config: dict[str, Any], cfg_path: Path | str = "config.json") 
     )
 
 
-def validate_config(model_dir: Path) -> dict[str, Any]:
-    """config.json present, a model_type mlx-lm (or mlx-vlm) knows, quantization bits mlx supports."""
+def read_model_config(model_dir: Path) -> dict[str, Any]:
+    """The model's config.json, or a LoadError saying the folder is not a model directory."""
     cfg_path = model_dir / "config.json"
     if not cfg_path.exists():
         raise LoadError(f"no config.json in {str(model_dir)!r}: this is not a Hugging Face-layout model directory. Pass the directory that holds config.json and the weights.")
-    config = read_json(cfg_path)
+    return read_json(cfg_path)
+
+
+def validate_config(model_dir: Path) -> dict[str, Any]:
+    """config.json present, a model_type mlx-lm (or mlx-vlm) knows, quantization bits mlx supports."""
+    cfg_path = model_dir / "config.json"
+    config = read_model_config(model_dir)
     model_type = config.get("model_type")
     if not model_type:
         raise LoadError(f"{cfg_path} has no model_type; dspark-lab cannot tell which architecture to build.")
@@ -269,10 +275,7 @@ def load_tokenizer(repo_or_path: str | os.PathLike, *, trust_remote_code: bool =
 
     model_dir = resolve_model_path(repo_or_path)
     check_remote_code(model_dir, trust_remote_code)
-    cfg_path = model_dir / "config.json"
-    if not cfg_path.exists():
-        raise LoadError(f"no config.json in {str(model_dir)!r}: this is not a Hugging Face-layout model directory. Pass the directory that holds config.json and the tokenizer files.")
-    config = read_json(cfg_path)  # the weights need not be there: nothing here reads them
+    config = read_model_config(model_dir)  # the weights need not be there: nothing here reads them
     eos = config.get("eos_token_id", (config.get("text_config") or {}).get("eos_token_id"))
     return mlx_lm_tokenizer(model_dir, eos_token_ids=eos)
 

@@ -43,6 +43,13 @@ def _fit_width(logits: mx.array, width: int) -> mx.array:
     return logits
 
 
+def drafter_ids(drafter: Target, ids: mx.array) -> mx.array:
+    """Target token ids as the drafter's input. A target id past the drafter's embedding rows
+    (unused padding rows of a bigger target) would index out of bounds; clamping only costs the
+    drafter a guess."""
+    return mx.minimum(ids.astype(mx.uint32), drafter.vocab_size - 1)
+
+
 def pick_draft(logits: mx.array, params: SamplingParams, width: int):
     """Next draft token from one row of drafter logits, and its distribution over the target's
     `width` tokens (None when greedy): sampled at temperature > 0 from the distribution
@@ -74,10 +81,7 @@ class DraftModelSource(DraftSource):
         self.drafter.forward(self._ids(prompt_ids), self.cache, last_only=True)
 
     def _ids(self, ids: list[int]) -> mx.array:
-        # A target id past the drafter's embedding rows (unused padding rows of a bigger
-        # target) would index out of bounds; clamping only costs the drafter a guess.
-        top = self.drafter.vocab_size - 1
-        return mx.array([min(t, top) for t in ids], dtype=mx.uint32)
+        return drafter_ids(self.drafter, mx.array(ids, dtype=mx.uint32))
 
     def _pick(self, logits: mx.array, params: SamplingParams):
         return pick_draft(logits, params, self.width)
@@ -149,16 +153,12 @@ class PipelinedDraftModel:
         self.fed: mx.array | None = None  # the last round's [pending, drafts...]: the committed token at offset - 1 is one of them
         self.fed_at: mx.array | None = None  # where fed[0] sits
 
-    def _ids(self, ids: mx.array) -> mx.array:
-        # Target ids past the drafter's embedding rows are clamped (see DraftModelSource._ids).
-        return mx.minimum(ids.astype(mx.uint32), self.drafter.vocab_size - 1)
-
     def reset(self) -> None:
         """Prefill the prompt but its last token (the first round feeds that one again)."""
         self.cache = self.drafter.make_cache()
         head = self.prompt_ids[:-1]
         if head:
-            self.drafter.forward(self._ids(mx.array(head, dtype=mx.uint32)), self.cache, last_only=True)
+            self.drafter.forward(drafter_ids(self.drafter, mx.array(head, dtype=mx.uint32)), self.cache, last_only=True)
         self.fed = mx.array(self.prompt_ids[-1:], dtype=mx.uint32)
         self.fed_at = mx.array(len(self.prompt_ids) - 1, dtype=mx.int32)
 
@@ -171,7 +171,7 @@ class PipelinedDraftModel:
     def _feed_back(self, pending: mx.array, at: mx.array) -> mx.array:
         """Feed [committed token at at - 1, pending] at at - 1; the logits of the pending row."""
         previous = mx.take(self.fed, (at - 1 - self.fed_at).reshape(1))
-        out = self.drafter.forward_at(self._ids(mx.concatenate([previous, pending])), self.cache, at - 1, capacity=self.capacity)
+        out = self.drafter.forward_at(drafter_ids(self.drafter, mx.concatenate([previous, pending])), self.cache, at - 1, capacity=self.capacity)
         return out.logits[-1]
 
     def catch_up_at(self, rows, rows_at, pending: mx.array, at: mx.array) -> None:
@@ -186,7 +186,7 @@ class PipelinedDraftModel:
         token, q = pick_draft(self._feed_back(pending, at), params, self.width)
         tokens, probs = [token], [q]
         for i in range(1, cap):
-            out = self.drafter.forward_at(self._ids(token.reshape(1)), self.cache, at + i, capacity=self.capacity)
+            out = self.drafter.forward_at(drafter_ids(self.drafter, token.reshape(1)), self.cache, at + i, capacity=self.capacity)
             token, q = pick_draft(out.logits[-1], params, self.width)
             tokens.append(token)
             probs.append(q)
