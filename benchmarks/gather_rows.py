@@ -20,6 +20,16 @@ import re
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+# The model folder that wrote a committed file's rows, by the short name in the file's name
+# (distill12_qwen05_generated...). Rounds 9-12 wrote rows before each row named its model; a
+# row without one would pass for the training target's own, and distill counts only a target's
+# own rows as answering a prompt.
+WRITERS = {"qwen05": "qwen2.5-coder-0.5b-q4-bfloat16", "qwen15": "qwen2.5-coder-1.5b-q4-bfloat16"}
+
+
+def writer_of(path: Path) -> str | None:
+    m = re.match(r"distill\d+_([a-z0-9]+)_generated", path.name)
+    return WRITERS.get(m.group(1)) if m else None
 
 
 def _lines(path: Path):
@@ -33,8 +43,11 @@ def gather(out: Path, sources: list[Path], extra: list[Path]) -> collections.Cou
     seen, sets = set(), collections.Counter()
     with gzip.open(out, "wt") as f:
         for path in [*sources, *extra]:
+            writer = writer_of(path)
             for line in _lines(path):
                 row = json.loads(line)
+                if writer and "model" not in row:
+                    row["model"] = writer
                 key = hashlib.sha1(json.dumps(row["ids"]).encode()).digest()
                 if key in seen:
                     continue

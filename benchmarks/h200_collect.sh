@@ -21,6 +21,9 @@
 # back every call: join the parts here with `python benchmarks/join_parts.py DEST DIR...` (the calls'
 # files_at folders), which joins the newest version whose parts are all there and checks its sha256.
 # PARTS="03 04" bash benchmarks/h200_collect.sh NAME returns those parts instead.
+# WEIGHTS=0 returns no weights at all, only config, card, logs, results and rows: a head too large
+# for git (the Qwen ones) is lost with this machine's session either way once evaluated and timed
+# here, and its parts cost calls, and hashing and splitting 240 MB beside a timing run.
 set -u
 run=/tmp/$1
 out=${OUT:?run this on the device, where OUT is set}
@@ -28,6 +31,7 @@ out=${OUT:?run this on the device, where OUT is set}
 snap=$run/.collect; mkdir -p "$snap"  # the frozen weights (below) and what this script remembers between calls
 not_returned() { for p in $(cat "$snap/all" 2>/dev/null); do grep -qx "$p" "$snap/returned" || echo "$p"; done | tr '\n' ' '; }
 weights=$run/model.safetensors
+[ "${WEIGHTS:-1}" = 0 ] && weights=$run/.weights-not-asked-for  # never a file: every weights step below is skipped
 size=$( [ -f "$weights" ] && stat -c %s "$weights" || echo 0)
 sum=$( [ "$size" -gt 16000000 ] && sha256sum "$weights" | cut -d' ' -f1)  # only weights that travel in parts
 

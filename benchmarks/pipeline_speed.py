@@ -1,7 +1,7 @@
 """Pipelined and compiled decoding against the plain loop, side by side in one process.
 
     python benchmarks/pipeline_speed.py --model DIR --head DIR [--caps 2,4] [--prompts code,math,chat]
-        [--limit 2] [--max-new-tokens 128] [--repeats 2] [--no-compile] [--json OUT]
+        [--limit 2] [--max-new-tokens 128] [--repeats 2] [--no-compile] [--arms greedy,pipe+cd] [--json OUT]
 
 Arms, interleaved prompt by prompt after a warm-up pass (kernel builds, compile traces):
   mlx_lm          mlx-lm's stream_generate on the same model object
@@ -55,6 +55,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-compile", action="store_true", help="leave out the compiled greedy arm")
     ap.add_argument("--dequantized", action="store_true", help="add dq: arms on a dequantized copy of the target")
     ap.add_argument("--copy-mib", type=int, default=1024, help="array size for the copy-bandwidth measurement")
+    ap.add_argument("--arms", default="", help="only these speculative arms, by name without the cap (e.g. dspark,pipe,pipe+cd); "
+                    "mlx_lm and greedy always run. Each arm costs a timed pass per prompt and repeat, so a short device session names a few")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -95,24 +97,29 @@ def main(argv=None) -> dict:
     arms = {"mlx_lm": mlx_lm, "greedy": ours(lambda ids: greedy_generate(target, tok, ids, max_new_tokens=n))}
     if not args.no_compile:
         arms["greedy+c"] = ours(lambda ids: greedy_generate(target, tok, ids, max_new_tokens=n), compiled=True)
+    wanted = {a.strip() for a in args.arms.split(",") if a.strip()}
+    known = {"dspark", "dspark+lk", "pipe", "pipe+lk", "pipe+cd", "pipe+lk+cd", "pipe+lkk"}
+    if wanted - known:
+        raise SystemExit(f"--arms: unknown arm(s) {', '.join(sorted(wanted - known))}; choose from {', '.join(sorted(known))}")
+    keep = lambda arm: not wanted or arm in wanted  # noqa: E731
     kernel_verdict = None
     from dspark_lab.engine.kernels import cuda_available
 
-    if cuda_available():
+    if cuda_available() and keep("pipe+lkk"):
         from dspark_lab.lab.kernel_probe import measure_lookup_kernel
 
         kernel_verdict = measure_lookup_kernel(loop=(target, head, tok))  # the match alone, then in the loop
         print(f"n-gram kernel probe: {kernel_verdict.describe()}")
     for k in caps:
         spec = lambda ids, k=k, **kw: speculative_generate(target, tok, head, ids, max_new_tokens=n, max_draft_tokens=k, **kw)  # noqa: E731
-        arms[f"dspark@{k}"] = ours(lambda ids, spec=spec: spec(ids, lookup_drafts=False))
-        arms[f"dspark+lk@{k}"] = ours(lambda ids, spec=spec: spec(ids, lookup_drafts=True))
-        arms[f"pipe@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True))
-        arms[f"pipe+lk@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True))
-        arms[f"pipe+cd@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, compile_draft=True))
-        arms[f"pipe+lk+cd@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True, compile_draft=True))
+        options = {"dspark": dict(lookup_drafts=False), "dspark+lk": dict(lookup_drafts=True), "pipe": dict(pipeline=True),
+                   "pipe+lk": dict(pipeline=True, lookup_drafts=True), "pipe+cd": dict(pipeline=True, compile_draft=True),
+                   "pipe+lk+cd": dict(pipeline=True, lookup_drafts=True, compile_draft=True)}
         if kernel_verdict is not None and kernel_verdict.exact:  # CUDA: the n-gram match as one kernel
-            arms[f"pipe+lkk@{k}"] = ours(lambda ids, spec=spec: spec(ids, pipeline=True, lookup_drafts=True, lookup_kernel=True))
+            options["pipe+lkk"] = dict(pipeline=True, lookup_drafts=True, lookup_kernel=True)
+        for arm, kw in options.items():
+            if keep(arm):
+                arms[f"{arm}@{k}"] = ours(lambda ids, spec=spec, kw=kw: spec(ids, **kw))
     dq_target = None
     if args.dequantized:
         dq_target, _ = load_target(args.model, dequantize=True)

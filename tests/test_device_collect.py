@@ -70,6 +70,20 @@ def test_collect_returns_head_logs_and_generated_rows(run_dir, tmp_path):
     assert [r["ids"] for r in generated] == [[1, 2], [5, 6]]
 
 
+def test_weights_0_returns_everything_but_the_weights(run_dir, tmp_path):
+    name, run = run_dir
+    (run / "config.json").write_text('{"block_size": 8}')
+    (run / "model.safetensors").write_bytes(os.urandom(20_000_000))
+    (run / "eval.json").write_text("{}")
+    (run / "data.jsonl").write_text(json.dumps({"ids": [1, 2], "prompt_len": 1, "generation": "greedy-batched"}) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    said = collect(name, out, WEIGHTS="0")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "results.tar.gz"] and "weights" not in said
+    with tarfile.open(out / "results.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["eval.json", "generated.jsonl"]
+
+
 def test_collect_leaves_out_the_rows_that_were_shipped(run_dir, tmp_path):
     # h200_corpus_heads.sh counts the rows that came in DATA; only the ones made on the device
     # come back (the fifteenth round's Qwen 1.5B run trained on 42,944 shipped rows and made none).

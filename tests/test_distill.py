@@ -741,6 +741,13 @@ def test_generated_rows_name_their_model_and_another_models_rows_are_flagged(tin
     said = []
     distill(config(tiny_dirs["qwen3"], out, steps=2, eval_every=100), progress=False, say=said.append)
     assert any(f"{len(rows)} of them were written by another model (qwen2.5-coder-0.5b-q4-bfloat16)" in m for m in said)
+    # The other model's answers neither fill the token budget nor mark their prompts as answered:
+    # the target writes its own answers to the same prompts beside them.
+    after = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    own = after[len(rows):]
+    assert own and {r["model"] for r in own} == {tiny_dirs["qwen3"].name}
+    assert {(r["set"], r["prompt_id"]) for r in own} <= {(r["set"], r["prompt_id"]) for r in rows}
+    assert sum(len(r["ids"]) - r["prompt_len"] for r in own) >= 300  # config's --tokens, counted over its own rows
 
 
 def test_distill_loads_a_half_precision_target_as_is_and_without_the_cast_advice(tiny_bf16_dir):

@@ -28,6 +28,17 @@ def test_gather_keeps_each_sequence_once_and_puts_extra_rows_last(tmp_path):
     assert sets == {"code_synth": 1, "math_synth": 1, "self_code": 1, "corpus:sharegpt": 1}
 
 
+def test_rows_from_before_the_model_field_are_stamped_with_their_writer(tmp_path):
+    # Rounds 9-12 wrote no "model"; the file name says which model wrote them, and a row without
+    # one would pass for the training target's own (distill would skip its prompt).
+    old = _write(tmp_path / "distill9_qwen05_generated.jsonl.gz", [{"ids": [1], "set": "a"}])
+    new = _write(tmp_path / "distill13_qwen05_generated.jsonl.gz", [{"ids": [2], "set": "b", "model": "elsewhere"}])
+    read = _write(tmp_path / "data.jsonl", [{"ids": [3], "set": "corpus:sharegpt", "generation": "corpus"}], zipped=False)
+    out = tmp_path / "rows.jsonl.gz"
+    _mod.gather(out, [old, new], [read])
+    assert [r.get("model") for r in map(json.loads, gzip.open(out, "rt"))] == ["qwen2.5-coder-0.5b-q4-bfloat16", "elsewhere", None]
+
+
 def test_the_committed_rows_are_found():
     # What the next session rebuilds its data from: every Qwen round since the ninth committed its rows.
     assert len(sorted(_mod.RESULTS.glob("distill*_generated.jsonl.gz"))) >= 6

@@ -65,6 +65,21 @@ def test_pipeline_speed_benchmark_runs_every_arm(tiny_dirs, tmp_path):
     assert all(row["fraction_of_limit"] == pytest.approx(row["tok_s"] / r["limit_tok_s"], rel=1e-2) for row in r["rows"])
 
 
+def test_pipeline_speed_runs_only_the_arms_asked_for(tiny_dirs, tmp_path):
+    """--arms names the speculative arms to time (a short device session cannot afford them all);
+    the baselines always run, and an unknown arm is refused with the names to choose from."""
+    mod = _benchmark("pipeline_speed")
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
+    args = ["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "2,3", "--prompts", "code", "--limit", "1",
+            "--max-new-tokens", "8", "--repeats", "1", "--no-compile", "--copy-mib", "16"]
+    r = mod.main(args + ["--arms", "dspark,pipe+cd"])
+    rows = {row["arm"]: row for row in r["rows"]}
+    assert set(rows) == {"mlx_lm", "greedy", "dspark@2", "pipe+cd@2", "dspark@3", "pipe+cd@3"}
+    assert rows["pipe+cd@3"]["identical_to_plain_loop"] == "1/1"  # still compared with the plain loop's arm
+    with pytest.raises(SystemExit, match="unknown arm.*pipe-cd.*choose from"):
+        mod.main(args + ["--arms", "pipe-cd"])
+
+
 def test_pipeline_speed_classifies_an_output_that_differs_from_greedy(tiny_dirs, tmp_path, monkeypatch):
     """An arm whose tokens leave greedy's is reported with its first difference, and a changed
     token that is no near-tie is counted as NOT a tie (what a real bug would look like)."""

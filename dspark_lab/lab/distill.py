@@ -217,17 +217,21 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
     if cfg.corpus:
         data = _read_corpus(tokenizer, cfg, path, data, say)
     generated = [d for d in data if d.get("generation") != "corpus"]
-    made = answer_tokens(generated)
+    # Only this model's own rows count towards --tokens and mark a prompt as answered: another
+    # model's answer to a prompt is text this target reads, and its own answer to the same prompt
+    # is the one whose every block slot lies on its path.
+    own = [d for d in generated if d.get("model", writer) == writer]
+    made = answer_tokens(own)
     if generated:
-        say(f"reusing {len(generated)} generated sequences ({made} continuation tokens) from {path}")
+        say(f"reusing {len(generated)} generated sequences ({answer_tokens(generated)} continuation tokens) from {path}")
         foreign = [d["model"] for d in generated if d.get("model", writer) != writer]
         if foreign:  # allowed: every position is labelled by this target's own prediction (--labels target)
             say(f"{len(foreign)} of them were written by another model ({', '.join(sorted(set(foreign)))}), not {writer}: "
-                "read as text, they are on this target's path only where it agrees")
+                "read as text, they are on this target's path only where it agrees; its own answers to their prompts may follow")
         if made >= cfg.tokens:
             return data, held
-        # Top up a smaller earlier run with the prompts it has not continued yet.
-        seen = {(d["set"], d["prompt_id"]) for d in generated}
+        # Top up a smaller earlier run with the prompts this model has not continued yet.
+        seen = {(d["set"], d["prompt_id"]) for d in own}
         train_prompts = [(s, p) for s, p in train_prompts if (s.name, p.id) not in seen]
     with path.open("a") as f:
         def keep(s, p, ids, out, how):
