@@ -78,11 +78,12 @@ python3 benchmarks/lossless_check.py --model "$model" --head "$run" --drafter-bi
 echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept\|identical" "$run/eval.log"
 # TIMING: overlap (launch_overlap.py at launch_every 0 and 4), pipeline (pipeline_speed.py: mlx_lm,
 # greedy, the plain loop and dspark-pipe side by side, and with DQ=1, the default, the same on a
-# dequantized copy of the target), or none (e.g. while another job shares the GPU).
+# dequantized copy of the target; ARMS=dspark,pipe+cd: only those speculative arms), or none
+# (e.g. while another job shares the GPU).
 case ${TIMING:-overlap} in
   none) echo "$name done (no timing)"; exit 0 ;;
   pipeline) python3 benchmarks/pipeline_speed.py --model "$model" --head "$run" --caps "${CAPS:-$cap}" --limit 2 \
-              --max-new-tokens 128 --repeats 2 --no-compile $([ "${DQ:-1}" = 1 ] && echo --dequantized) \
+              --max-new-tokens 128 --repeats 2 --no-compile $([ "${DQ:-1}" = 1 ] && echo --dequantized) ${ARMS:+--arms "$ARMS"} \
               --json "$run/pipeline.json" > "$run/timing.log" 2>&1 ;;
   *) python3 benchmarks/launch_overlap.py --model "$model" --head "$run" --every 0,4 --cap "$cap" --prompts code,math,chat \
        --limit 2 --max-new-tokens 128 --repeats 2 --json "$run/overlap.json" > "$run/timing.log" 2>&1 ;;

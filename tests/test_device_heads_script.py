@@ -66,3 +66,13 @@ def test_without_self_instruct_the_generation_takes_gen_prompts_alone(tmp_path):
     _, calls, _ = run_script(tmp_path, GEN_PROMPTS="/x/a.jsonl.gz,/x/b.jsonl.gz")
     assert not any("self_instruct.py" in c for c in calls)
     assert "--prompts /x/a.jsonl.gz,/x/b.jsonl.gz " in calls[0] and "--data-only" in calls[0]
+
+
+def test_pipeline_timing_passes_the_arms_and_both_caps(tmp_path):
+    _, calls, _ = run_script(tmp_path, TIMING="pipeline", CAPS="4,7", DQ="0", ARMS="dspark,pipe+cd")
+    timing = calls[-1]
+    assert "pipeline_speed.py" in timing and "--caps 4,7" in timing and "--arms dspark,pipe+cd" in timing
+    assert "--dequantized" not in timing
+    (tmp_path / "all").mkdir()
+    _, calls, _ = run_script(tmp_path / "all", TIMING="pipeline")  # no ARMS: every arm
+    assert "--arms" not in calls[-1] and "--dequantized" in calls[-1]
