@@ -20,9 +20,13 @@
 # INIT=DIR or RESUME=1, CKPT (checkpoint every N steps: a crash keeps the last one), CACHE_GB
 # (cap MLX's buffer cache: needed when two runs share one GPU; two uncapped runs ran an H200 out
 # of memory), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
-# nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TIMING (below).
+# nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TRAIN=0
+# (stop after the generation: a session that only writes rows to commit), TIMING (below).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
+# MINUTES feeds shell arithmetic (the training's timeout): a fraction would fail there only after
+# the generation had spent its minutes.
+case ${MINUTES:-8} in ''|*[!0-9]*) echo "MINUTES must be a whole number of minutes, got '${MINUTES:-}'"; exit 2 ;; esac
 name=$1
 case $name in
   smol)   model=/root/ship/smollm2/smollm2-135m; arch="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 1024"; cap=4 ;;
@@ -64,6 +68,9 @@ if [ -n "${GEN_PROMPTS:-}" ]; then
     --data-only >> "$run/distill.log" 2>&1
   echo "$name generation rc=$? at ${SECONDS}s"; grep "data:" "$run/distill.log" | tail -1
 fi
+# TRAIN=0: the rows are the result (weights do not outlive a session, committed rows do);
+# h200_collect.sh brings back the generated ones.
+[ "${TRAIN:-1}" = 0 ] && { echo "$name done (TRAIN=0: generation only)"; exit 0; }
 # --tokens 0 and --corpus-tokens 1: the data file already holds its rows, so nothing is generated or read
 # (a positive --tokens would continue PROMPTS for a data file without generated rows).
 timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" --out "$run" $arch \

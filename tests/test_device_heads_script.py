@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "h200_corpus_heads.sh"
 
 STUB = """#!/usr/bin/env bash
@@ -76,3 +78,16 @@ def test_pipeline_timing_passes_the_arms_and_both_caps(tmp_path):
     (tmp_path / "all").mkdir()
     _, calls, _ = run_script(tmp_path / "all", TIMING="pipeline")  # no ARMS: every arm
     assert "--arms" not in calls[-1] and "--dequantized" in calls[-1]
+
+
+def test_train_0_stops_after_the_generation(tmp_path):
+    out, calls, _ = run_script(tmp_path, GEN_PROMPTS="/x/a.jsonl.gz", GEN_MINUTES="20", TRAIN="0")
+    assert len(calls) == 1 and "--data-only" in calls[0] and "--data-minutes 20" in calls[0]
+    assert "generation only" in out
+
+
+def test_a_fraction_of_a_minute_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        run_script(tmp_path, GEN_PROMPTS="/x/a.jsonl.gz", MINUTES="10.5")
+    assert "MINUTES must be a whole number of minutes, got '10.5'" in e.value.stdout
+    assert not (tmp_path / "calls.txt").exists()
