@@ -41,6 +41,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# The speculative arms (each at every cap): speculative_generate's options for each.
+ARMS = {"dspark": dict(lookup_drafts=False), "dspark+lk": dict(lookup_drafts=True), "pipe": dict(pipeline=True),
+        "pipe+lk": dict(pipeline=True, lookup_drafts=True), "pipe+cd": dict(pipeline=True, compile_draft=True),
+        "pipe+lk+cd": dict(pipeline=True, lookup_drafts=True, compile_draft=True),
+        "pipe+lkk": dict(pipeline=True, lookup_drafts=True, lookup_kernel=True)}  # CUDA only, where the probe finds it exact
+
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,9 +104,8 @@ def main(argv=None) -> dict:
     if not args.no_compile:
         arms["greedy+c"] = ours(lambda ids: greedy_generate(target, tok, ids, max_new_tokens=n), compiled=True)
     wanted = {a.strip() for a in args.arms.split(",") if a.strip()}
-    known = {"dspark", "dspark+lk", "pipe", "pipe+lk", "pipe+cd", "pipe+lk+cd", "pipe+lkk"}
-    if wanted - known:
-        raise SystemExit(f"--arms: unknown arm(s) {', '.join(sorted(wanted - known))}; choose from {', '.join(sorted(known))}")
+    if wanted - set(ARMS):
+        raise SystemExit(f"--arms: unknown arm(s) {', '.join(sorted(wanted - set(ARMS)))}; choose from {', '.join(sorted(ARMS))}")
     keep = lambda arm: not wanted or arm in wanted  # noqa: E731
     kernel_verdict = None
     from dspark_lab.engine.kernels import cuda_available
@@ -112,12 +117,9 @@ def main(argv=None) -> dict:
         print(f"n-gram kernel probe: {kernel_verdict.describe()}")
     for k in caps:
         spec = lambda ids, k=k, **kw: speculative_generate(target, tok, head, ids, max_new_tokens=n, max_draft_tokens=k, **kw)  # noqa: E731
-        options = {"dspark": dict(lookup_drafts=False), "dspark+lk": dict(lookup_drafts=True), "pipe": dict(pipeline=True),
-                   "pipe+lk": dict(pipeline=True, lookup_drafts=True), "pipe+cd": dict(pipeline=True, compile_draft=True),
-                   "pipe+lk+cd": dict(pipeline=True, lookup_drafts=True, compile_draft=True)}
-        if kernel_verdict is not None and kernel_verdict.exact:  # CUDA: the n-gram match as one kernel
-            options["pipe+lkk"] = dict(pipeline=True, lookup_drafts=True, lookup_kernel=True)
-        for arm, kw in options.items():
+        for arm, kw in ARMS.items():
+            if arm == "pipe+lkk" and not (kernel_verdict is not None and kernel_verdict.exact):  # CUDA: the n-gram match as one kernel
+                continue
             if keep(arm):
                 arms[f"{arm}@{k}"] = ours(lambda ids, spec=spec, kw=kw: spec(ids, **kw))
     dq_target = None
