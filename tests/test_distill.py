@@ -135,6 +135,26 @@ def test_init_starts_from_a_trained_head(tiny_dirs, trained, tmp_path):
         distill(config(tiny_dirs["qwen3"], other, steps=2, block=5, init=str(trained)), progress=False, say=lambda m: None)
 
 
+def test_init_continues_from_a_head_stored_quantized(tiny_dirs, trained, tmp_path):
+    """A head stored at 4 bits (quantize-head: small enough to commit between sessions) is a
+    starting point too: training starts from its dequantized values, near where the float
+    head's run ended, not where a fresh head begins."""
+    import shutil
+
+    from dspark_lab.engine.drafters.load import quantize_head_dir
+
+    quantize_head_dir(trained, tmp_path / "q4", bits=4)
+    out = tmp_path / "again"
+    out.mkdir()
+    shutil.copy(trained / "data.jsonl", out / "data.jsonl")
+    distill(config(tiny_dirs["qwen3"], out, steps=2, eval_every=100, init=str(tmp_path / "q4")), progress=False, say=lambda m: None)
+    first = json.loads((out / "train_log.jsonl").read_text().splitlines()[0])["loss"]
+    log = [json.loads(line) for line in (trained / "train_log.jsonl").read_text().splitlines()]
+    assert first < 0.6 * log[0]["loss"]
+    assert "quantization" not in json.loads((out / "config.json").read_text())  # what distill writes is float again
+    load_pair(tiny_dirs["qwen3"], out)
+
+
 def test_bad_distill_options(tiny_dirs, tmp_path):
     with pytest.raises(InputError, match="--block must be >= 2"):
         config(tiny_dirs["qwen3"], tmp_path / "x", block=1)

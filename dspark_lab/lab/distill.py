@@ -38,6 +38,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from ..engine.drafters.dspark import DSparkDrafter, DSparkHead
 from ..engine.drafters.dspark_config import DSparkConfig
+from ..engine.drafters.load import load_into, stored_quantization
 from ..engine.generate import greedy_generate
 from ..engine.sampling import SamplingParams
 from ..engine.speculative import speculative_generate
@@ -573,8 +574,13 @@ def _init_from(head: DSparkHead, c: DSparkConfig, src: Path) -> None:
     if differ:
         what = ", ".join(f"{k} {a} (--init) vs {b} (this run)" for k, (a, b) in differ.items())
         raise InputError(f"--init head {str(src)!r} has another architecture: {what}. Use the same --block, --layers and --markov-rank it was trained with.")
-    loaded = {k: v.astype(mx.float32) for k, v in mx.load(str(weights)).items()}
-    head.load_weights(list(loaded.items()), strict=True)
+    loaded = mx.load(str(weights))
+    stored = stored_quantization(theirs, set(loaded))
+    if stored is not None:  # a head stored quantized (quantize-head, to be small enough for git): its values as floats
+        stored_head = DSparkHead(c, head.fc.weight.shape[1] // len(c.target_layer_ids))
+        load_into(stored_head, loaded, stored, 16)
+        loaded = dict(tree_flatten(stored_head.parameters()))
+    head.load_weights([(k, v.astype(mx.float32)) for k, v in loaded.items()], strict=True)
 
 
 def _save_head(head: DSparkHead, path: Path, dtype: str = "float32") -> None:

@@ -3,11 +3,16 @@
 Tensor names must match the declared architecture exactly: a mismatch lists the missing and
 unexpected names (and wrong shapes), never a silent partial load. Drafters never import code:
 an `auto_map` in a drafter config is ignored. Weights are quantized at load (4 bits by default).
+A head saved quantized (config.json's "quantization" entry, mlx-lm's convention, as
+`quantize_head_dir` writes it) loads as stored; asked for other bits, its stored values are
+dequantized and, below 16 bits, quantized again.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -22,6 +27,8 @@ from .dspark_config import parse_dspark_config, rename_tensor
 
 DRAFTER_BITS = (4, 8, 16)
 QUANT_GROUP = 64
+STORED_BITS = (2, 3, 4, 5, 6, 8)  # what MLX's affine quantization stores
+STORED_GROUPS = (32, 64, 128)
 # Tensors some packagings ship that inference never reads.
 TRAINING_ONLY = {"t2d"}
 
@@ -67,6 +74,38 @@ def quantize_head(head: nn.Module, bits: int, keep_float: tuple[str, ...] = ()) 
     nn.quantize(head, group_size=QUANT_GROUP, bits=bits, class_predicate=eligible)
 
 
+def stored_quantization(cfg_json: dict, names: set[str]) -> tuple[int, int] | None:
+    """(group_size, bits) of a head saved quantized, or None for float weights."""
+    q = cfg_json.get("quantization")
+    if q is None:
+        if any(n.endswith(".scales") for n in names):
+            raise LoadError('the drafter\'s tensors are quantized (*.scales) but its config.json has no "quantization" entry '
+                            'saying how; add one, e.g. "quantization": {"group_size": 64, "bits": 4}.')
+        return None
+    if not isinstance(q, dict) or q.get("bits") not in STORED_BITS or q.get("group_size") not in STORED_GROUPS:
+        raise LoadError(f'the drafter\'s config.json has an unusable "quantization" entry {q!r}: expected '
+                        f'{{"group_size": one of {STORED_GROUPS}, "bits": one of {STORED_BITS}}}.')
+    return int(q["group_size"]), int(q["bits"])
+
+
+def load_into(head: nn.Module, weights: dict[str, mx.array], stored: tuple[int, int] | None, bits: int,
+              keep_float: tuple[str, ...] = ()) -> None:
+    """Load `weights` into `head` strictly, in the layout they were stored in (quantized exactly
+    where the checkpoint has scales), then bring the head to `bits`."""
+    if stored is not None:
+        group, stored_bits = stored
+        nn.quantize(head, group_size=group, bits=stored_bits, class_predicate=lambda path, m: f"{path}.scales" in weights)
+    check_names(head, weights)
+    head.load_weights(list(weights.items()), strict=True)
+    if stored is None:
+        quantize_head(head, bits, keep_float)
+    elif bits != stored[1]:
+        from mlx_lm.utils import dequantize_model
+
+        dequantize_model(head)  # the stored values, as float weights
+        quantize_head(head, bits, keep_float)
+
+
 def read_head(ref: str | os.PathLike, bits: int, window: int) -> tuple[Path, dict, dict[str, mx.array]]:
     """Check the options, then the head's directory, config.json and tensors."""
     if bits not in DRAFTER_BITS:
@@ -93,9 +132,7 @@ def load_dflash(ref: str | os.PathLike, target: Target, *, bits: int = 4, window
     if config.backbone.hidden_size != target.hidden_size:
         raise LoadError(f"the DFlash head's hidden size ({config.backbone.hidden_size}) differs from the target's ({target.hidden_size}); it cannot use the target's embeddings and lm_head.")
     head = DFlashHead(config, target.hidden_size)
-    check_names(head, weights)
-    head.load_weights(list(weights.items()), strict=True)
-    quantize_head(head, bits, keep_float=("_conv", "candidate_selector"))
+    load_into(head, weights, stored_quantization(cfg_json, set(weights)), bits, keep_float=("_conv", "candidate_selector"))
     mx.eval(head.parameters())
     target.probe(config.target_layer_ids)
     return DFlashDrafter(head, target.embed, target.head_logits, window=window, name=str(ref))
@@ -124,11 +161,39 @@ def load_dspark(
     head = DSparkHead(config, target.hidden_size)
     if "d2t" in weights:
         weights["d2t"] = weights["d2t"].astype(mx.int32)
-    check_names(head, weights)
-    head.load_weights(list(weights.items()), strict=True)
-    quantize_head(head, bits)
+    load_into(head, weights, stored_quantization(cfg_json, set(weights)), bits)
     mx.eval(head.parameters())
     embed = head.embed_tokens if config.has_embed_tokens else target.embed
     lm_head = head.lm_head if config.has_lm_head else target.head_logits
     target.probe(config.target_layer_ids)
     return DSparkDrafter(head, embed, lm_head, window=window, name=str(ref))
+
+
+def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int = 4) -> tuple[int, int]:
+    """Write the DSpark head at `src` to `dst` with its weights quantized (`bits`, group 64, as
+    loading quantizes them), config.json saying so, and the other files (the model card) copied:
+    a head small enough to commit, which `load_dspark` loads as stored and `distill --init`
+    continues from. Returns the weight bytes before and after."""
+    if bits not in (4, 8):
+        raise LoadError(f"a head is stored at 4 or 8 bits, got {bits}.")
+    path, cfg_json, raw = read_head(src, 16, 1)
+    if stored_quantization(cfg_json, set(raw)) is not None:
+        raise LoadError(f"the head in {str(path)!r} is stored quantized already; quantize its float original.")
+    out = Path(dst)
+    if out.resolve() == path.resolve():
+        raise LoadError("write the quantized head to another directory: the float original is what later training continues best from.")
+    weights = {rename_tensor(k): v for k, v in raw.items() if k not in TRAINING_ONLY}
+    config = parse_dspark_config(cfg_json, set(raw))
+    fc = weights.get("fc.weight")
+    if fc is None:
+        raise LoadError(f"the head in {str(path)!r} has no fc.weight: not a DSpark head this can quantize.")
+    head = DSparkHead(config, fc.shape[1] // len(config.target_layer_ids))
+    load_into(head, weights, None, bits)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in path.iterdir():  # the model card and anything else beside the weights
+        if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
+            shutil.copy2(f, out / f.name)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(head.parameters())), metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps({**cfg_json, "quantization": {"group_size": QUANT_GROUP, "bits": bits}}, indent=2))
+    before = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    return before, (out / "model.safetensors").stat().st_size

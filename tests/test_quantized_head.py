@@ -1,0 +1,105 @@
+"""A head stored quantized (`dspark-lab quantize-head`): a fraction of the float head's bytes, it
+loads as stored, to the same weights a float head gets from being quantized at load, decodes
+losslessly, dequantizes when asked for 16 bits, and refuses checkpoints that do not say how they
+are quantized."""
+
+import json
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+from typer.testing import CliRunner
+
+from conftest import PROMPTS
+from dspark_lab import LoadError, greedy_generate, load_pair, speculative_generate
+from dspark_lab.cli import app
+from dspark_lab.engine.drafters.load import load_dspark, quantize_head_dir
+from dspark_lab.tiny import build_tiny_dspark
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("qhead")
+    float_head = build_tiny_dspark(root / "float", tiny_dirs["qwen3"], block_size=4, seed=3)
+    (float_head / "README.md").write_text("model card")
+    sizes = {bits: quantize_head_dir(float_head, root / f"q{bits}", bits) for bits in (4, 8)}
+    return float_head, root / "q4", root / "q8", sizes
+
+
+def _params(drafter):
+    return dict(tree_flatten(drafter.head.parameters()))
+
+
+def test_a_stored_head_is_smaller_and_says_how_it_is_quantized(heads):
+    float_head, q4, q8, sizes = heads
+    (before4, after4), (before8, after8) = sizes[4], sizes[8]
+    assert before4 == before8 and after4 < after8 < before4
+    assert json.loads((q4 / "config.json").read_text())["quantization"] == {"group_size": 64, "bits": 4}
+    assert (q4 / "README.md").read_text() == "model card"  # the card travels with the weights
+    assert any(k.endswith(".scales") for k in mx.load(str(q4 / "model.safetensors")))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_it_loads_as_stored_to_the_weights_quantizing_at_load_gives(tiny_dirs, heads, qwen3, bits):
+    float_head, q4, q8, _ = heads
+    target, _ = qwen3
+    stored = load_dspark(q4 if bits == 4 else q8, target, bits=bits)
+    at_load = load_dspark(float_head, target, bits=bits)
+    a, b = _params(stored), _params(at_load)
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
+    assert isinstance(stored.head.fc, nn.QuantizedLinear) and stored.head.fc.bits == bits
+
+
+def test_a_stored_head_decodes_losslessly_with_the_same_drafts(tiny_dirs, heads):
+    float_head, q4, _, _ = heads
+    target, tok, stored, _ = load_pair(tiny_dirs["qwen3"], q4, max_draft_tokens=3)
+    _, _, at_load, _ = load_pair(tiny_dirs["qwen3"], float_head, max_draft_tokens=3)
+    for p in PROMPTS[:4]:
+        ref = greedy_generate(target, tok, p, max_new_tokens=24).token_ids
+        a = speculative_generate(target, tok, stored, p, max_new_tokens=24, max_draft_tokens=3, lookup_drafts=False)
+        b = speculative_generate(target, tok, at_load, p, max_new_tokens=24, max_draft_tokens=3, lookup_drafts=False)
+        assert a.token_ids == ref == b.token_ids and a.accept_lengths == b.accept_lengths
+
+
+def test_other_bits_start_from_the_stored_values(heads, qwen3):
+    _, q4, _, _ = heads
+    target, _ = qwen3
+    stored = load_dspark(q4, target, bits=4)
+    as_float = load_dspark(q4, target, bits=16)
+    fc = stored.head.fc
+    assert type(as_float.head.fc) is nn.Linear
+    expected = mx.dequantize(fc.weight, fc.scales, fc.biases, fc.group_size, fc.bits)
+    assert mx.array_equal(as_float.head.fc.weight, expected).item()
+    at8 = load_dspark(q4, target, bits=8)
+    assert at8.head.fc.bits == 8
+
+
+def test_checkpoints_that_do_not_say_how_they_are_quantized_are_refused(heads, qwen3, tmp_path):
+    float_head, q4, _, _ = heads
+    target, _ = qwen3
+    unsaid = tmp_path / "unsaid"
+    shutil.copytree(q4, unsaid)
+    cfg = json.loads((unsaid / "config.json").read_text())
+    (unsaid / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "quantization"}))
+    with pytest.raises(LoadError, match=r'quantized \(\*\.scales\) but its config.json has no "quantization" entry'):
+        load_dspark(unsaid, target)
+    (unsaid / "config.json").write_text(json.dumps({**cfg, "quantization": {"group_size": 64, "bits": 7}}))
+    with pytest.raises(LoadError, match='unusable "quantization" entry'):
+        load_dspark(unsaid, target)
+    with pytest.raises(LoadError, match="stored quantized already"):
+        quantize_head_dir(q4, tmp_path / "again")
+    with pytest.raises(LoadError, match="another directory"):
+        quantize_head_dir(float_head, float_head)
+    with pytest.raises(LoadError, match="4 or 8 bits"):
+        quantize_head_dir(float_head, tmp_path / "x", bits=3)
+
+
+def test_quantize_head_cli(heads, tmp_path):
+    float_head, _, _, _ = heads
+    r = CliRunner().invoke(app, ["quantize-head", str(float_head), "--out", str(tmp_path / "q"), "--bits", "8"])
+    assert r.exit_code == 0, r.output
+    assert "MB at 8 bits" in r.output and (tmp_path / "q" / "model.safetensors").exists()
+    r = CliRunner().invoke(app, ["quantize-head", str(tmp_path / "q"), "--out", str(tmp_path / "q2")])
+    assert r.exit_code != 0 and "stored quantized already" in r.output
