@@ -219,8 +219,10 @@ def generate(
 
 class CalMode(str, Enum):
     dspark = "dspark"
+    dspark_pipe = "dspark-pipe"
     dflash = "dflash"
     draft = "draft"
+    draft_pipe = "draft-pipe"
     lookup = "lookup"
 
 
@@ -230,7 +232,7 @@ def calibrate(
     model: ModelOpt,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark head (needed for --mode dspark).")] = None,
     draft_model: DraftModelOpt = None,
-    mode: Annotated[CalMode, typer.Option(help="What to calibrate: a DSpark or DFlash pair (--drafter), a draft model (--draft-model), or lookup decoding.")] = CalMode.dspark,
+    mode: Annotated[CalMode, typer.Option(help="What to calibrate: a DSpark or DFlash pair (--drafter), a draft model (--draft-model), or lookup decoding. The pipelined modes share their plain loop's curves (the same parts), from which --max-draft auto starts before it learns the pipelined rounds' own times.")] = CalMode.dspark,
     db: Annotated[Path, typer.Option(help="Results database (DuckDB) where curves are stored and reused.")] = Path("results.duckdb"),
     recalibrate: Annotated[bool, typer.Option(help="Measure again even when stored curves match this machine and pair.")] = False,
     repeats: Annotated[int, typer.Option(help="Timed repeats per point (after a warm-up).")] = 5,
@@ -250,16 +252,18 @@ def calibrate(
     from .lab.calibrate import CalibrationPlan, calibrate as run_calibration, validate
     from .lab.controller import static_cap
 
+    pipelined = mode.value.endswith("-pipe")
+    mode = CalMode(mode.value.removesuffix("-pipe"))  # the plain loop's parts, curves and database key
     if mode is CalMode.draft:
         from .engine import load_draft_pair
 
         if draft_model is None:
-            raise DsparkError("--mode draft needs --draft-model DIR (a small model with this model's tokenizer).")
+            raise DsparkError(f"--mode {mode.value}{'-pipe' * pipelined} needs --draft-model DIR (a small model with this model's tokenizer).")
         target, tokenizer, head, _ = load_draft_pair(model, draft_model, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code)
         drafter = draft_model
     elif mode is not CalMode.lookup:
         if drafter is None:
-            raise DsparkError(f"--mode {mode.value} needs --drafter DIR; use --mode lookup to calibrate lookup decoding.")
+            raise DsparkError(f"--mode {mode.value}{'-pipe' * pipelined} needs --drafter DIR; use --mode lookup to calibrate lookup decoding.")
         from .engine import load_dflash_pair
 
         loader = load_pair if mode is CalMode.dspark else load_dflash_pair
@@ -290,6 +294,9 @@ def calibrate(
     out.print(f"overhead per round {curves.overhead.median_ms:.3f} ms; depth slope {1000 * curves.depth_slope_ms:.3f} us per context token")
     out.print(f"static cap at the assumed acceptance {ctrl.prior}: {static_cap(curves, ctrl.prior, max_cap)} (0 = plain decoding)")
     out.print(f"stored in {db}")
+    if pipelined:
+        out.print(f"--mode {mode.value}-pipe: these are mode {mode.value}'s curves (the same draft and verify parts); "
+                  "--max-draft auto starts from them and learns the pipelined rounds' own times as it decodes")
     if validate_caps:
         from .lab.prompts import load_prompt_set
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from dspark_lab.cli import app
 
 runner = CliRunner()
-VERBS = ["generate", "demo", "import-gguf", "fetch-model", "calibrate", "doctor", "sweep", "benchmark", "ingest", "export", "report", "registry", "distill"]
+VERBS = ["generate", "demo", "import-gguf", "fetch-model", "calibrate", "doctor", "sweep", "benchmark", "ingest", "export", "report", "registry", "distill", "quantize-head"]
 
 
 def test_help_lists_every_verb():
@@ -135,6 +135,24 @@ def test_calibrate_dspark_validate(tiny_dirs, tmp_path):
                             "--repeats", "2", "--validate"])
     assert r.exit_code == 0, r.output
     assert "validation" in r.output and "controller's cap" in r.output
+
+
+def test_calibrate_a_pipelined_mode_stores_its_plain_loops_curves(tiny_dirs, tmp_path):
+    """--mode dspark-pipe / draft-pipe, as generate and sweep spell them: the same parts as the
+    plain loop's mode, so the same curves under the same key, and the run says so."""
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], block_size=3)
+    db = str(tmp_path / "r.duckdb")
+    r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--db", db, "--repeats", "2", "--mode", "dspark-pipe"])
+    assert r.exit_code == 0, r.output
+    assert "these are mode dspark's curves" in r.output
+    r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--db", db, "--repeats", "2"])
+    assert r.exit_code == 0 and "(stored, reused)" in r.output  # mode dspark finds what dspark-pipe stored
+    r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "--db", db, "--mode", "draft-pipe"])
+    assert r.exit_code == 2 and "--mode draft-pipe needs --draft-model DIR" in r.output
+    r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "--db", db, "--mode", "dspark-pipe"])
+    assert r.exit_code == 2 and "--mode dspark-pipe needs --drafter DIR" in r.output
 
 
 def test_calibrate_dspark_needs_drafter(tiny_dirs, tmp_path):
