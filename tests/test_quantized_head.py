@@ -88,6 +88,11 @@ def test_checkpoints_that_do_not_say_how_they_are_quantized_are_refused(heads, q
     (unsaid / "config.json").write_text(json.dumps({**cfg, "quantization": {"group_size": 64, "bits": 7}}))
     with pytest.raises(LoadError, match='unusable "quantization" entry'):
         load_dspark(unsaid, target)
+    said_but_float = tmp_path / "said-but-float"  # a config that says quantized over float tensors
+    shutil.copytree(float_head, said_but_float)
+    cfg = json.loads((said_but_float / "config.json").read_text())
+    (said_but_float / "config.json").write_text(json.dumps({**cfg, "quantization": {"group_size": 64, "bits": 4}}))
+    assert load_dspark(said_but_float, target, bits=4).head.fc.bits == 4  # quantized at load, not left float
     with pytest.raises(LoadError, match="stored quantized already"):
         quantize_head_dir(q4, tmp_path / "again")
     with pytest.raises(LoadError, match="another directory"):

@@ -77,8 +77,11 @@ def quantize_head(head: nn.Module, bits: int, keep_float: tuple[str, ...] = ()) 
 def stored_quantization(cfg_json: dict, names: set[str]) -> tuple[int, int] | None:
     """(group_size, bits) of a head saved quantized, or None for float weights."""
     q = cfg_json.get("quantization")
+    scaled = any(n.endswith(".scales") for n in names)
+    if q is not None and not scaled:
+        return None  # the tensors are float whatever the config says: quantized at load like any float head
     if q is None:
-        if any(n.endswith(".scales") for n in names):
+        if scaled:
             raise LoadError('the drafter\'s tensors are quantized (*.scales) but its config.json has no "quantization" entry '
                             'saying how; add one, e.g. "quantization": {"group_size": 64, "bits": 4}.')
         return None
