@@ -24,6 +24,8 @@ def heads(tiny_dirs, tmp_path_factory):
     root = tmp_path_factory.mktemp("qhead")
     float_head = build_tiny_dspark(root / "float", tiny_dirs["qwen3"], block_size=4, seed=3)
     (float_head / "README.md").write_text("model card")
+    (float_head / "data.jsonl").write_text("{}\n")  # what else a distill folder holds
+    (float_head / "checkpoint").mkdir()
     sizes = {bits: quantize_head_dir(float_head, root / f"q{bits}", bits) for bits in (4, 8)}
     return float_head, root / "q4", root / "q8", sizes
 
@@ -37,7 +39,9 @@ def test_a_stored_head_is_smaller_and_says_how_it_is_quantized(heads):
     (before4, after4), (before8, after8) = sizes[4], sizes[8]
     assert before4 == before8 and after4 < after8 < before4
     assert json.loads((q4 / "config.json").read_text())["quantization"] == {"group_size": 64, "bits": 4}
-    assert (q4 / "README.md").read_text() == "model card"  # the card travels with the weights
+    card = (q4 / "README.md").read_text()  # the card travels with the weights and says how they are stored
+    assert card.startswith("model card\n") and "Stored quantized by `dspark-lab quantize-head`: 4 bits, group size 64" in card
+    assert sorted(p.name for p in q4.iterdir()) == ["README.md", "config.json", "model.safetensors"]  # no data, log or checkpoint
     assert any(k.endswith(".scales") for k in mx.load(str(q4 / "model.safetensors")))
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -109,6 +108,14 @@ def load_into(head: nn.Module, weights: dict[str, mx.array], stored: tuple[int, 
         quantize_head(head, bits, keep_float)
 
 
+def native_weights(raw: dict[str, mx.array]) -> dict[str, mx.array]:
+    """A DSpark checkpoint's tensors under the native names, without training-only ones."""
+    weights = {rename_tensor(k): v for k, v in raw.items() if k not in TRAINING_ONLY}
+    if "d2t" in weights:
+        weights["d2t"] = weights["d2t"].astype(mx.int32)
+    return weights
+
+
 def read_head(ref: str | os.PathLike, bits: int, window: int) -> tuple[Path, dict, dict[str, mx.array]]:
     """Check the options, then the head's directory, config.json and tensors."""
     if bits not in DRAFTER_BITS:
@@ -150,7 +157,7 @@ def load_dspark(
 ) -> DSparkDrafter:
     """Load a DSpark head (any recognized packaging) for `target`."""
     _, cfg_json, raw = read_head(ref, bits, window)
-    weights = {rename_tensor(k): v for k, v in raw.items() if k not in TRAINING_ONLY}
+    weights = native_weights(raw)
     config = parse_dspark_config(cfg_json, set(raw))
 
     target.check_taps(config.target_layer_ids)
@@ -162,8 +169,6 @@ def load_dspark(
         raise LoadError(f"the drafter has no lm_head and its hidden size ({config.hidden_size}) differs from the target's ({target.hidden_size}); the target's lm_head cannot be bound.")
 
     head = DSparkHead(config, target.hidden_size)
-    if "d2t" in weights:
-        weights["d2t"] = weights["d2t"].astype(mx.int32)
     load_into(head, weights, stored_quantization(cfg_json, set(weights)), bits)
     mx.eval(head.parameters())
     embed = head.embed_tokens if config.has_embed_tokens else target.embed
@@ -174,9 +179,10 @@ def load_dspark(
 
 def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int = 4) -> tuple[int, int]:
     """Write the DSpark head at `src` to `dst` with its weights quantized (`bits`, group 64, as
-    loading quantizes them), config.json saying so, and the other files (the model card) copied:
-    a head small enough to commit, which `load_dspark` loads as stored and `distill --init`
-    continues from. Returns the weight bytes before and after."""
+    loading quantizes them), config.json saying so, and its model card (README.md) with a line
+    saying how: a head small enough to commit, which `load_dspark` loads as stored and
+    `distill --init` continues from. Nothing else of a distill folder (its data, log and
+    checkpoint) is copied. Returns the weight bytes before and after."""
     if bits not in (4, 8):
         raise LoadError(f"a head is stored at 4 or 8 bits, got {bits}.")
     path, cfg_json, raw = read_head(src, 16, 1)
@@ -185,7 +191,7 @@ def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int 
     out = Path(dst)
     if out.resolve() == path.resolve():
         raise LoadError("write the quantized head to another directory: the float original is what later training continues best from.")
-    weights = {rename_tensor(k): v for k, v in raw.items() if k not in TRAINING_ONLY}
+    weights = native_weights(raw)
     config = parse_dspark_config(cfg_json, set(raw))
     fc = weights.get("fc.weight")
     if fc is None:
@@ -193,10 +199,10 @@ def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int 
     head = DSparkHead(config, fc.shape[1] // len(config.target_layer_ids))
     load_into(head, weights, None, bits)
     out.mkdir(parents=True, exist_ok=True)
-    for f in path.iterdir():  # the model card and anything else beside the weights
-        if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
-            shutil.copy2(f, out / f.name)
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(head.parameters())), metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps({**cfg_json, "quantization": {"group_size": QUANT_GROUP, "bits": bits}}, indent=2))
-    before = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    return before, (out / "model.safetensors").stat().st_size
+    before, after = sum(f.stat().st_size for f in path.glob("*.safetensors")), (out / "model.safetensors").stat().st_size
+    card = (path / "README.md").read_text() if (path / "README.md").exists() else f"# DSpark head from {path}\n"
+    (out / "README.md").write_text(card.rstrip("\n") + f"\n\nStored quantized by `dspark-lab quantize-head`: {bits} bits, group size "
+                                   f"{QUANT_GROUP}, weights {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB.\n")
+    return before, after
