@@ -24,13 +24,17 @@
 # WEIGHTS=0 returns no weights at all, only config, card, logs, results and rows: a head too large
 # for git (the Qwen ones) is lost with this machine's session either way once evaluated and timed
 # here, and its parts cost calls, and hashing and splitting 240 MB beside a timing run.
+# HEAD=q4 returns the head h200_corpus_heads.sh stored quantized (QUANT=4) in /tmp/NAME/q4, small
+# enough to commit: its config and weights, and its card in the archive as q4/README.md; the float
+# head stays there (the session's last evaluation reads it).
 set -u
 run=/tmp/$1
 out=${OUT:?run this on the device, where OUT is set}
-[ -f "$run/config.json" ] && cp "$run/config.json" "$out/"
+src=$run${HEAD:+/$HEAD}  # the head directory whose config and weights come back
+[ -f "$src/config.json" ] && cp "$src/config.json" "$out/"
 snap=$run/.collect; mkdir -p "$snap"  # the frozen weights (below) and what this script remembers between calls
 not_returned() { for p in $(cat "$snap/all" 2>/dev/null); do grep -qx "$p" "$snap/returned" || echo "$p"; done | tr '\n' ' '; }
-weights=$run/model.safetensors
+weights=$src/model.safetensors
 [ "${WEIGHTS:-1}" = 0 ] && weights=$run/.weights-not-asked-for  # never a file: every weights step below is skipped
 size=$( [ -f "$weights" ] && stat -c %s "$weights" || echo 0)
 sum=$( [ "$size" -gt 16000000 ] && sha256sum "$weights" | cut -d' ' -f1)  # only weights that travel in parts
@@ -55,7 +59,7 @@ calls=$(( $(cat "$snap/calls" 2>/dev/null || echo 0) + 1 )); echo "$calls" > "$s
 skip_rows=""
 [ $((calls % 4)) -ne 0 ] && [ -n "$pending" ] && [ -n "$rows_sum" ] && [ "$rows_sum" = "$(cat "$snap/rows_sent" 2>/dev/null)" ] && skip_rows=1
 files=$(cd "$run" && ls generated.jsonl README.md eval.json pipeline.json overlap.json train_log.jsonl distill.log eval.log timing.log \
-  self_instruct.log self_*.jsonl.gz 2>/dev/null | { if [ -n "$skip_rows" ]; then grep -vx generated.jsonl; else cat; fi })
+  self_instruct.log self_*.jsonl.gz quantize.log eval_float.json eval_float.log ${HEAD:+$HEAD/README.md} 2>/dev/null | { if [ -n "$skip_rows" ]; then grep -vx generated.jsonl; else cat; fi })
 if [ -n "$files" ]; then
   tar czf "$out/results.tar.gz" -C "$run" $files
   [ -z "$skip_rows" ] && [ -n "$rows_sum" ] && echo "$rows_sum" > "$snap/rows_sent"

@@ -21,7 +21,8 @@
 # (cap MLX's buffer cache: needed when two runs share one GPU; two uncapped runs ran an H200 out
 # of memory), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
 # nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TRAIN=0
-# (stop after the generation: a session that only writes rows to commit), TIMING (below).
+# (stop after the generation: a session that only writes rows to commit), QUANT (the head kept,
+# evaluated and timed is the one stored at QUANT bits: below), TIMING (below).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 # MINUTES feeds shell arithmetic (the training's timeout): a fraction would fail there only after
@@ -80,20 +81,35 @@ timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" 
   --cache-gb "${CACHE_GB:-0}" $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") >> "$run/distill.log" 2>&1
 echo "$name distill rc=$? at ${SECONDS}s"
 touch "$run/.distill_done"  # h200_collect.sh now returns the final head first
-python3 benchmarks/lossless_check.py --model "$model" --head "$run" --drafter-bits 16 --prompts code,math,chat --limit 8 \
-  --max-new-tokens 128 --cap "$cap" --no-lookup-arm --out "$run/eval.json" > "$run/eval.log" 2>&1
-echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept\|identical" "$run/eval.log"
+# QUANT=4 (or 8): the head to keep is the one stored at those bits (dspark-lab quantize-head), small
+# enough to commit and continue next session with INIT= (a float head is lost with the machine).
+# Collect it with HEAD=q4 bash benchmarks/h200_collect.sh NAME. It is what gets evaluated and timed,
+# loaded as stored; the float head's evaluation (eval_float.json) runs last, to say what the
+# quantization cost, and is the first thing a session running out of time loses.
+head=$run; bits=16
+if [ -n "${QUANT:-}" ]; then
+  head=$run/q$QUANT; bits=$QUANT
+  python3 -m dspark_lab quantize-head "$run" --out "$head" --bits "$QUANT" > "$run/quantize.log" 2>&1
+  echo "$name quantize rc=$? at ${SECONDS}s"; tail -1 "$run/quantize.log"
+fi
+evaluate() {  # evaluate HEAD_DIR BITS JSON LOG: the held-out sets, greedy, token identity and accept length
+  python3 benchmarks/lossless_check.py --model "$model" --head "$1" --drafter-bits "$2" --prompts code,math,chat --limit 8 \
+    --max-new-tokens 128 --cap "$cap" --no-lookup-arm --out "$3" > "$4" 2>&1
+  echo "$name eval ($2 bits) rc=$? at ${SECONDS}s"; grep "mean accept\|identical" "$4"
+}
+evaluate "$head" "$bits" "$run/eval.json" "$run/eval.log"
 # TIMING: overlap (launch_overlap.py at launch_every 0 and 4), pipeline (pipeline_speed.py: mlx_lm,
 # greedy, the plain loop and dspark-pipe side by side, and with DQ=1, the default, the same on a
 # dequantized copy of the target; ARMS=dspark,pipe+cd: only those speculative arms), or none
 # (e.g. while another job shares the GPU).
 case ${TIMING:-overlap} in
-  none) echo "$name done (no timing)"; exit 0 ;;
-  pipeline) python3 benchmarks/pipeline_speed.py --model "$model" --head "$run" --caps "${CAPS:-$cap}" --limit 2 \
+  none) rc= ;;
+  pipeline) python3 benchmarks/pipeline_speed.py --model "$model" --head "$head" --drafter-bits "$bits" --caps "${CAPS:-$cap}" --limit 2 \
               --max-new-tokens 128 --repeats 2 --no-compile $([ "${DQ:-1}" = 1 ] && echo --dequantized) ${ARMS:+--arms "$ARMS"} \
-              --json "$run/pipeline.json" > "$run/timing.log" 2>&1 ;;
-  *) python3 benchmarks/launch_overlap.py --model "$model" --head "$run" --every 0,4 --cap "$cap" --prompts code,math,chat \
-       --limit 2 --max-new-tokens 128 --repeats 2 --json "$run/overlap.json" > "$run/timing.log" 2>&1 ;;
+              --json "$run/pipeline.json" > "$run/timing.log" 2>&1; rc=$? ;;
+  *) python3 benchmarks/launch_overlap.py --model "$model" --head "$head" --drafter-bits "$bits" --every 0,4 --cap "$cap" --prompts code,math,chat \
+       --limit 2 --max-new-tokens 128 --repeats 2 --json "$run/overlap.json" > "$run/timing.log" 2>&1; rc=$? ;;
 esac
-echo "$name timing rc=$? at ${SECONDS}s"; grep -v Warning "$run/timing.log" | tail -12
+[ -n "$rc" ] && { echo "$name timing rc=$rc at ${SECONDS}s"; grep -v Warning "$run/timing.log" | tail -12; }
+[ -n "${QUANT:-}" ] && evaluate "$run" 16 "$run/eval_float.json" "$run/eval_float.log"
 echo "$name done"

@@ -263,3 +263,23 @@ def test_unchanged_generated_rows_give_their_room_to_weight_parts(run_dir, tmp_p
     assert join_parts(tmp_path / "new", [fourth, fifth, sixth]).read_bytes() == new
     seventh, said = _call(name, tmp_path, "call6")  # nothing waits: the whole archive, as before
     assert "generated.jsonl" in _archived(seventh) and _parts(seventh) == []
+
+
+def test_head_q4_returns_the_quantized_head_its_card_and_the_float_evaluation(run_dir, tmp_path):
+    name, run = run_dir
+    (run / "config.json").write_text('{"block_size": 8}')
+    (run / "model.safetensors").write_bytes(os.urandom(20_000_000))  # the float head: stays there
+    (run / "q4").mkdir()
+    (run / "q4" / "config.json").write_text('{"block_size": 8, "quantization": {"bits": 4, "group_size": 64}}')
+    q4 = os.urandom(1_000_000)
+    (run / "q4" / "model.safetensors").write_bytes(q4)
+    (run / "q4" / "README.md").write_text("card, 4 bits")
+    for f in ("eval.json", "eval_float.json", "quantize.log"):
+        (run / f).write_text("{}")
+    out = tmp_path / "out"
+    out.mkdir()
+    collect(name, out, HEAD="q4")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "results.tar.gz"]
+    assert (out / "model.safetensors").read_bytes() == q4 and "quantization" in (out / "config.json").read_text()
+    with tarfile.open(out / "results.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["eval.json", "eval_float.json", "q4/README.md", "quantize.log"]

@@ -91,3 +91,22 @@ def test_a_fraction_of_a_minute_is_refused_before_anything_runs(tmp_path):
         run_script(tmp_path, GEN_PROMPTS="/x/a.jsonl.gz", MINUTES="10.5")
     assert "MINUTES must be a whole number of minutes, got '10.5'" in e.value.stdout
     assert not (tmp_path / "calls.txt").exists()
+
+
+def test_quant_stores_the_head_quantized_and_evaluates_and_times_that_one_then_the_float(tmp_path):
+    out, calls, run = run_script(tmp_path, QUANT="4", TIMING="pipeline", CAPS="4", DQ="0", ARMS="pipe+lk")
+    train, quantize, evaluate, timing, float_eval = calls
+    assert "--tokens 0" in train
+    assert f"quantize-head {run} --out {run}/q4 --bits 4" in quantize
+    assert f"--head {run}/q4 --drafter-bits 4 " in evaluate and f"--out {run}/eval.json" in evaluate
+    assert "pipeline_speed.py" in timing and f"--head {run}/q4 --drafter-bits 4 " in timing
+    assert "lossless_check.py" in float_eval and f"--head {run} --drafter-bits 16 " in float_eval
+    assert f"--out {run}/eval_float.json" in float_eval
+    assert "quantize rc=0" in out and "eval (4 bits) rc=0" in out and "eval (16 bits) rc=0" in out and "timing rc=0" in out
+
+
+def test_without_quant_the_float_head_is_evaluated_once_and_timed(tmp_path):
+    out, calls, run = run_script(tmp_path, TIMING="overlap")
+    assert len(calls) == 3 and not any("quantize-head" in c for c in calls)
+    assert f"--head {run} --drafter-bits 16 " in calls[1] and f"--head {run} --drafter-bits 16 " in calls[2]
+    assert "launch_overlap.py" in calls[2] and "timing rc=0" in out
