@@ -89,8 +89,10 @@ touch "$run/.distill_done"  # h200_collect.sh now returns the final head first
 head=$run; bits=16
 if [ -n "${QUANT:-}" ]; then
   head=$run/q$QUANT; bits=$QUANT
-  python3 -m dspark_lab quantize-head "$run" --out "$head" --bits "$QUANT" > "$run/quantize.log" 2>&1
-  echo "$name quantize rc=$? at ${SECONDS}s"; tail -1 "$run/quantize.log"
+  rm -rf "$head.new"  # written beside and moved into place, as h200_collect.sh does with checkpoints
+  python3 -m dspark_lab quantize-head "$run" --out "$head.new" --bits "$QUANT" > "$run/quantize.log" 2>&1
+  rc=$?; [ $rc = 0 ] && rm -rf "$head" && mv "$head.new" "$head"
+  echo "$name quantize rc=$rc at ${SECONDS}s"; tail -1 "$run/quantize.log"
 fi
 evaluate() {  # evaluate HEAD_DIR BITS JSON LOG: the held-out sets, greedy, token identity and accept length
   python3 benchmarks/lossless_check.py --model "$model" --head "$1" --drafter-bits "$2" --prompts code,math,chat --limit 8 \

@@ -283,3 +283,47 @@ def test_head_q4_returns_the_quantized_head_its_card_and_the_float_evaluation(ru
     assert (out / "model.safetensors").read_bytes() == q4 and "quantization" in (out / "config.json").read_text()
     with tarfile.open(out / "results.tar.gz") as tar:
         assert sorted(tar.getnames()) == ["eval.json", "eval_float.json", "q4/README.md", "quantize.log"]
+
+
+QUANTIZE_STUB = """#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+prev=""
+for a in "$@"; do
+  [ "$prev" = "--out" ] && mkdir -p "$a" && echo '{"quantization": {"bits": 4}}' > "$a/config.json" && cp "$4/model.safetensors" "$a/model.safetensors"
+  prev=$a
+done
+echo "$4: weights 64.5 MB -> 18.1 MB at 4 bits"
+"""
+
+
+def test_head_q4_stores_each_new_checkpoint_quantized_while_distill_runs(run_dir, tmp_path):
+    # A machine given back between two polls loses what is on it: each poll brings back the head
+    # as far as it has trained, at 4 bits (small enough to commit), not only the final one.
+    name, run = run_dir
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(QUANTIZE_STUB)
+    (bin_dir / "python3").chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = {"HEAD": "q4", "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls)}
+    (run / "config.json").write_text("{}")
+    (run / "model.safetensors").write_bytes(b"checkpoint 1")
+    out = tmp_path / "out"
+    out.mkdir()
+    said = collect(name, out, **env)
+    assert f"quantize-head {run} --out {run}/q4.poll --bits 4" in calls.read_text() and "stored the newest checkpoint" in said
+    assert (out / "model.safetensors").read_bytes() == b"checkpoint 1" and not (run / "q4.poll").exists()
+    shutil.rmtree(out); out.mkdir()
+    collect(name, out, **env)  # no newer checkpoint: nothing quantized again
+    assert len(calls.read_text().splitlines()) == 1 and (out / "model.safetensors").read_bytes() == b"checkpoint 1"
+    os.utime(run / "model.safetensors", (2e9, 2e9))  # a newer checkpoint
+    (run / "model.safetensors").write_bytes(b"checkpoint 2")
+    os.utime(run / "model.safetensors", (2e9, 2e9))
+    shutil.rmtree(out); out.mkdir()
+    collect(name, out, **env)
+    assert len(calls.read_text().splitlines()) == 2 and (out / "model.safetensors").read_bytes() == b"checkpoint 2"
+    (run / ".distill_done").touch()  # the run script stores the final head itself
+    os.utime(run / "model.safetensors", (3e9, 3e9))
+    shutil.rmtree(out); out.mkdir()
+    collect(name, out, **env)
+    assert len(calls.read_text().splitlines()) == 2

@@ -16,6 +16,7 @@ echo "$* [distill_done=$([ -f "$RUN_DIR/.distill_done" ] && echo 1 || echo 0)]" 
 prev=""
 for a in "$@"; do  # self_instruct.py writes its --out file
   if [ "$prev" = "--out" ] && [[ "$*" == *self_instruct.py* ]]; then echo '{"id": "selfcode-00001"}' | gzip > "$a"; fi
+  if [ "$prev" = "--out" ] && [[ "$*" == *quantize-head* ]]; then mkdir -p "$a" && echo 4bit > "$a/model.safetensors"; fi
   prev=$a
 done
 """
@@ -97,7 +98,8 @@ def test_quant_stores_the_head_quantized_and_evaluates_and_times_that_one_then_t
     out, calls, run = run_script(tmp_path, QUANT="4", TIMING="pipeline", CAPS="4", DQ="0", ARMS="pipe+lk")
     train, quantize, evaluate, timing, float_eval = calls
     assert "--tokens 0" in train
-    assert f"quantize-head {run} --out {run}/q4 --bits 4" in quantize
+    assert f"quantize-head {run} --out {run}/q4.new --bits 4" in quantize  # moved into place once whole
+    assert (run / "q4" / "model.safetensors").read_text() == "4bit\n" and not (run / "q4.new").exists()
     assert f"--head {run}/q4 --drafter-bits 4 " in evaluate and f"--out {run}/eval.json" in evaluate
     assert "pipeline_speed.py" in timing and f"--head {run}/q4 --drafter-bits 4 " in timing
     assert "lossless_check.py" in float_eval and f"--head {run} --drafter-bits 16 " in float_eval

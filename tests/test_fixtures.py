@@ -1,30 +1,52 @@
-"""The committed SmolLM2-135M DSpark head (fixtures/smollm2-135m-dspark, distilled on the H200):
-small enough to commit, and its tensors are exactly the ones its config describes. Its behaviour
-on the real model is checked in test_real_smollm2.py."""
+"""The committed DSpark heads (distilled on the H200): small enough to commit, documented, and
+their tensors exactly the ones their config describes, loaded the strict way the engine loads
+them (quantized exactly where the file has scales). The SmolLM2 head's behaviour on the real
+model is checked in test_real_smollm2.py; the Qwen2.5-Coder-0.5B head's target is a 300 MB import
+CI does not make, so its accept lengths are the card's measurements."""
 
 import json
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
+import pytest
 from mlx.utils import tree_flatten
 
 from dspark_lab.engine.drafters.dspark import DSparkHead
 from dspark_lab.engine.drafters.dspark_config import detect_packaging, parse_dspark_config
+from dspark_lab.engine.drafters.load import load_into, native_weights, stored_quantization
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-135m-dspark"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# name: (block size, layers, Markov rank, hidden size, stored bits or None for float)
+HEADS = {
+    "smollm2-135m-dspark": (5, 1, 32, 576, None),
+    "qwen2.5-coder-0.5b-dspark": (8, 2, 0, 896, 4),
+}
 
 
-def test_fixture_head_is_small_and_documented():
-    assert (FIXTURE / "model.safetensors").stat().st_size <= 20 * 1024 * 1024
-    card = (FIXTURE / "README.md").read_text()
+@pytest.mark.parametrize("name", HEADS)
+def test_fixture_head_is_small_and_documented(name):
+    fixture = FIXTURES / name
+    assert (fixture / "model.safetensors").stat().st_size <= 20 * 1024 * 1024
+    card = (fixture / "README.md").read_text()
     assert "dspark-lab distill" in card and "Held-out mean accept length" in card
 
 
-def test_fixture_tensors_match_its_config_one_to_one():
-    cfg = json.loads((FIXTURE / "config.json").read_text())
-    tensors = mx.load(str(FIXTURE / "model.safetensors"))
+@pytest.mark.parametrize("name", HEADS)
+def test_fixture_tensors_match_its_config_one_to_one(name):
+    fixture, (block, layers, markov, hidden, bits) = FIXTURES / name, HEADS[name]
+    cfg = json.loads((fixture / "config.json").read_text())
+    tensors = native_weights(mx.load(str(fixture / "model.safetensors")))
     assert detect_packaging(cfg, set(tensors)) == "native"
     c = parse_dspark_config(cfg, set(tensors))
-    assert (c.block_size, c.num_hidden_layers, c.markov_rank, c.hidden_size) == (5, 1, 32, 576)
-    expected = {k: v.shape for k, v in tree_flatten(DSparkHead(c, c.hidden_size).parameters())}
-    assert {k: v.shape for k, v in tensors.items()} == expected
+    assert (c.block_size, c.num_hidden_layers, c.markov_rank, c.hidden_size) == (block, layers, markov, hidden)
+    stored = stored_quantization(cfg, set(tensors))
+    assert (stored[1] if stored else None) == bits
+    head = DSparkHead(c, c.hidden_size)
+    load_into(head, tensors, stored, bits or 16)  # strict: every tensor has its place, none is missing
+    loaded = dict(tree_flatten(head.parameters()))
+    assert loaded.keys() == tensors.keys() and all(loaded[k].shape == v.shape for k, v in tensors.items())
+    if bits:  # every linear layer of the transformer stays quantized as stored
+        quantized = [p for p, m in head.named_modules() if isinstance(m, nn.QuantizedLinear)]
+        assert quantized and all(f"{p}.scales" in tensors for p in quantized)
+        assert not any(isinstance(m, nn.Linear) and not isinstance(m, nn.QuantizedLinear) for _, m in head.named_modules())
