@@ -9,7 +9,8 @@
 #   3. one data file: every round's committed generated rows, then those (gather_rows.py);
 #   4. MLX's CUDA build (../shared/device/mlx-kit.sh), the slim checkout (slim_checkout.sh on:
 #      each call then carries 0.75 MB of tracked files instead of 35 MiB), and the ship parts:
-#      mlx, data (the rows and each EXTRA_FILE, e.g. prompt files for GEN_PROMPTS) and the model.
+#      mlx, data (the rows, each EXTRA_FILE, e.g. prompt files for GEN_PROMPTS, and the model's
+#      committed head, fixtures/MODEL-dspark, as head/) and the model.
 # Commit first: the slim checkout refuses uncommitted changes. After the last device call:
 #   bash benchmarks/slim_checkout.sh off
 # WORK (default /tmp/dspark-session) keeps the downloads and the data; a step whose output is
@@ -42,11 +43,20 @@ fi
 # (Made once: a second run finds the checkout slim, without the committed rows in docs/results.)
 [ -f "$work/data/rows.jsonl.gz" ] || "$py" benchmarks/gather_rows.py "$work/data/rows.jsonl.gz" --extra "$work/sgrows/data.jsonl"
 for f in "$@"; do cp "$f" "$work/data/"; done
+# The model's committed head (fixtures/MODEL-dspark, stored at 4 bits), which the session continues
+# with INIT=/root/ship/data/head: the slim checkout leaves fixtures/ out, so it travels with the
+# data. Copied while the checkout is whole (a re-run on the slim one keeps the earlier copy).
+fixture=fixtures/$model-dspark
+if [ -f "$fixture/model.safetensors" ]; then
+  rm -rf "$work/data/head" && mkdir -p "$work/data/head"
+  cp "$fixture/config.json" "$fixture/model.safetensors" "$fixture/README.md" "$work/data/head/"
+fi
 
 [ -d .device/mlx/p00 ] || bash "${MLX_KIT:-../shared/device/mlx-kit.sh}"
 [ "$(git branch --show-current)" = device-slim ] || bash benchmarks/slim_checkout.sh on
 bash benchmarks/ship_parts.sh --recut mlx  # mlx-kit's parts are cut for a full checkout; slim ones hold more
 bash benchmarks/ship_parts.sh data -C "$work/data" $(cd "$work/data" && ls)
 bash benchmarks/ship_parts.sh "$name" -C "$models" "$model-q4-bfloat16"
+[ -d "$work/data/head" ] && echo "the committed head travels with the data: continue it with INIT=/root/ship/data/head"
 echo "ready: ship .device/mlx, .device/data and .device/$name part by part (one device call each);"
 echo "the data lands in /root/ship/data/, the model in /root/ship/$name/$model-q4-bfloat16; 'slim_checkout.sh off' after the last call"

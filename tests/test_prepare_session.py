@@ -96,3 +96,20 @@ def test_bad_arguments_are_refused_before_anything_runs(setup):
     r = prepare(repo, env, "qwen05", "/nowhere/prompts.jsonl.gz")
     assert r.returncode == 2 and "extra file /nowhere/prompts.jsonl.gz not found" in r.stderr
     assert not calls.exists()
+
+
+def test_the_models_committed_head_travels_with_the_data(setup):
+    # The slim checkout leaves fixtures/ out, so INIT=fixtures/... would not exist on the device.
+    repo, env, extra, work, _ = setup
+    head = repo / "fixtures" / "qwen2.5-coder-0.5b-dspark"
+    head.mkdir(parents=True)
+    for name, text in (("config.json", "{}"), ("model.safetensors", "4-bit"), ("README.md", "card"), ("train_log.jsonl.gz", "log")):
+        (head / name).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "head")
+    r = prepare(repo, env, "qwen05")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert sorted(p.name for p in (work / "data" / "head").iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert "INIT=/root/ship/data/head" in r.stdout and not (repo / "fixtures").exists()  # slim now
+    again = prepare(repo, env, "qwen05")  # on the slim checkout: the copy made before stays
+    assert again.returncode == 0 and (work / "data" / "head" / "model.safetensors").read_text() == "4-bit"
