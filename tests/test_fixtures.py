@@ -50,3 +50,22 @@ def test_fixture_tensors_match_its_config_one_to_one(name):
         quantized = [p for p, m in head.named_modules() if isinstance(m, nn.QuantizedLinear)]
         assert quantized and all(f"{p}.scales" in tensors for p in quantized)
         assert not any(isinstance(m, nn.Linear) and not isinstance(m, nn.QuantizedLinear) for _, m in head.named_modules())
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_distill_init_continues_from_the_committed_head(name):
+    # Sessions continue these heads with `distill --init` (the Qwen one is stored at 4 bits): its
+    # values, dequantized, become the fresh head's float weights.
+    from dspark_lab.lab.distill import _init_from
+
+    fixture = FIXTURES / name
+    cfg = json.loads((fixture / "config.json").read_text())
+    tensors = native_weights(mx.load(str(fixture / "model.safetensors")))
+    c = parse_dspark_config(cfg, set(tensors))
+    fresh = DSparkHead(c, c.hidden_size)
+    _init_from(fresh, c, fixture)
+    stored = DSparkHead(c, c.hidden_size)
+    load_into(stored, tensors, stored_quantization(cfg, set(tensors)), 16)  # 16: the stored values, dequantized
+    want, got = dict(tree_flatten(stored.parameters())), dict(tree_flatten(fresh.parameters()))
+    assert want.keys() == got.keys()
+    assert all(got[k].dtype == mx.float32 and mx.array_equal(got[k], want[k].astype(mx.float32)) for k in want)
