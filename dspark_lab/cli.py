@@ -549,6 +549,7 @@ def distill(
     block: Annotated[int, typer.Option(help="Block size: the anchor plus block-1 mask slots; drafts up to block tokens.")] = 7,
     layers: Annotated[int, typer.Option(help="Transformer layers in the head.")] = 1,
     markov_rank: Annotated[int, typer.Option(help="Rank of the Markov (previous-token) head; 0 for none.")] = 256,
+    intermediate_size: Annotated[int, typer.Option(help="MLP width of the head's layers (0: the target's). Narrower makes a head small enough to commit: see `quantize-head`.")] = 0,
     prompts: Annotated[str, typer.Option(help="Prompt corpus: built-in sets, .jsonl files, humaneval / gsm8k:PATH / sharegpt:PATH / mtbench:PATH.")] = "code,math,chat",
     tokens: Annotated[int, typer.Option(help="Continuation tokens of the target to generate as training data (0: none, with --corpus).")] = 20000,
     corpus: Annotated[str, typer.Option(help="Conversations the target reads instead of writes (sharegpt:PATH, code:DIR of Python sources; comma-separated): one forward per sequence instead of a decode step per token.")] = "",
@@ -580,7 +581,7 @@ def distill(
     """Train a DSpark head for a model that has none, on the model's own outputs (MLX: Metal, CUDA or, slowly, CPU)."""
     from .lab.distill import DistillConfig, distill as run_distill
 
-    cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, prompts=prompts,
+    cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, intermediate_size=intermediate_size, prompts=prompts,
                         tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
                         batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, chain_slots=chain_slots, target_weights=target_weights, compute_dtype=compute_dtype, cache_gb=cache_gb, init=str(init or ""), command="dspark-lab " + " ".join(sys.argv[1:]))
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))

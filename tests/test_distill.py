@@ -155,9 +155,36 @@ def test_init_continues_from_a_head_stored_quantized(tiny_dirs, trained, tmp_pat
     load_pair(tiny_dirs["qwen3"], out)
 
 
+def test_a_narrower_mlp_makes_a_smaller_head_that_loads_and_decodes_losslessly(tiny_dirs, trained, tmp_path):
+    """--intermediate-size: the head's MLP width, not the target's (how a Qwen 1.5B head fits the
+    20 MB a committed head may be); saved in its config, loaded strictly, continued only as it is."""
+    import shutil
+
+    out = tmp_path / "narrow"
+    out.mkdir()
+    shutil.copy(trained / "data.jsonl", out / "data.jsonl")
+    distill(config(tiny_dirs["qwen3"], out, steps=2, eval_every=100, intermediate_size=16), progress=False, say=lambda m: None)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["intermediate_size"] == 16 != json.loads((trained / "config.json").read_text())["intermediate_size"]
+    assert (out / "model.safetensors").stat().st_size < (trained / "model.safetensors").stat().st_size
+    assert "MLP width 16" in (out / "README.md").read_text()
+    target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], out, max_draft_tokens=4)
+    assert drafter.head.layers[0].mlp.gate_proj.scales.shape[0] == 16  # quantized at load, 16 wide
+    for p in PROMPTS[:3]:
+        r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, lookup_drafts=False)
+        assert r.token_ids == greedy_generate(target, tok, p, max_new_tokens=24).token_ids
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(trained / "data.jsonl", other / "data.jsonl")
+    with pytest.raises(InputError, match="intermediate_size 16 \\(--init\\) vs"):
+        distill(config(tiny_dirs["qwen3"], other, steps=2, init=str(out)), progress=False, say=lambda m: None)
+
+
 def test_bad_distill_options(tiny_dirs, tmp_path):
     with pytest.raises(InputError, match="--block must be >= 2"):
         config(tiny_dirs["qwen3"], tmp_path / "x", block=1)
+    with pytest.raises(InputError, match="--intermediate-size must be >= 0"):
+        config(tiny_dirs["qwen3"], tmp_path / "x", intermediate_size=-1)
     with pytest.raises(InputError, match="--steps must be >= 1"):
         config(tiny_dirs["qwen3"], tmp_path / "x", steps=0)
     with pytest.raises(InputError, match="--target-weights must be one of auto, dequantized, as-loaded"):
