@@ -24,6 +24,14 @@ HEADS = {
 }
 
 
+def read_fixture(name):
+    """The fixture's config.json, its tensors under the native names, and the parsed config."""
+    fixture = FIXTURES / name
+    cfg = json.loads((fixture / "config.json").read_text())
+    tensors = native_weights(mx.load(str(fixture / "model.safetensors")))
+    return cfg, tensors, parse_dspark_config(cfg, set(tensors))
+
+
 @pytest.mark.parametrize("name", HEADS)
 def test_fixture_head_is_small_and_documented(name):
     fixture = FIXTURES / name
@@ -34,11 +42,9 @@ def test_fixture_head_is_small_and_documented(name):
 
 @pytest.mark.parametrize("name", HEADS)
 def test_fixture_tensors_match_its_config_one_to_one(name):
-    fixture, (block, layers, markov, hidden, bits) = FIXTURES / name, HEADS[name]
-    cfg = json.loads((fixture / "config.json").read_text())
-    tensors = native_weights(mx.load(str(fixture / "model.safetensors")))
+    block, layers, markov, hidden, bits = HEADS[name]
+    cfg, tensors, c = read_fixture(name)
     assert detect_packaging(cfg, set(tensors)) == "native"
-    c = parse_dspark_config(cfg, set(tensors))
     assert (c.block_size, c.num_hidden_layers, c.markov_rank, c.hidden_size) == (block, layers, markov, hidden)
     stored = stored_quantization(cfg, set(tensors))
     assert (stored[1] if stored else None) == bits
@@ -58,12 +64,9 @@ def test_distill_init_continues_from_the_committed_head(name):
     # values, dequantized, become the fresh head's float weights.
     from dspark_lab.lab.distill import _init_from
 
-    fixture = FIXTURES / name
-    cfg = json.loads((fixture / "config.json").read_text())
-    tensors = native_weights(mx.load(str(fixture / "model.safetensors")))
-    c = parse_dspark_config(cfg, set(tensors))
+    cfg, tensors, c = read_fixture(name)
     fresh = DSparkHead(c, c.hidden_size)
-    _init_from(fresh, c, fixture)
+    _init_from(fresh, c, FIXTURES / name)
     stored = DSparkHead(c, c.hidden_size)
     load_into(stored, tensors, stored_quantization(cfg, set(tensors)), 16)  # 16: the stored values, dequantized
     want, got = dict(tree_flatten(stored.parameters())), dict(tree_flatten(fresh.parameters()))
