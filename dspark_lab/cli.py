@@ -594,13 +594,13 @@ def distill(
 @app.command("quantize-head")
 @friendly_errors
 def quantize_head_cmd(
-    head: Annotated[Path, typer.Argument(help="A DSpark head directory with float weights (as distill writes it).")],
+    head: Annotated[Path, typer.Argument(help="A DSpark or DFlash head directory with float weights (as distill writes a DSpark one).")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Where to write the quantized head.")],
     bits: Annotated[int, typer.Option(help="4 or 8 bits, group size 64 (what --drafter-bits quantizes to at load).")] = 4,
 ):
     """Store a head's weights quantized: about 30% (4 bits) or 55% (8 bits) of its bfloat16 size,
     small enough to commit beside a project. It loads as stored (--drafter-bits 16 dequantizes it),
-    and `distill --init` continues training from its values."""
+    and `distill --init` continues training from a DSpark head's values."""
     from .engine.drafters.load import quantize_head_dir
 
     before, after = quantize_head_dir(head, out_dir, bits)

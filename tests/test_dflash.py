@@ -1,15 +1,18 @@
 """DFlash and DFlash 2 heads: lossless at every cap and the full block, exact sampling, a
-context that never runs ahead of the target, and every refusal by its message."""
+context that never runs ahead of the target, stored quantized (quantize-head) and loaded as
+stored, and every refusal by its message."""
 
 import json
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from conftest import PROMPTS, REPETITIVE, assert_same_token_distribution
 from dspark_lab import LoadError, dflash_generate, greedy_generate, load_dflash_pair
-from dspark_lab.engine.drafters.load import load_dflash, load_dspark
+from dspark_lab.engine.drafters.load import load_dflash, load_dspark, quantize_head_dir
 from dspark_lab.engine.speculative import HeadSource
 from dspark_lab.tiny import build_tiny_dflash, build_tiny_dspark
 
@@ -94,6 +97,31 @@ def test_dflash2_draft_distribution_lives_on_the_candidates(qwen3, dflash_heads)
     assert np.allclose(q.sum(axis=1), 1.0, atol=1e-5) and ((q > 0).sum(axis=1) <= 4).all()
     toks = block.tokens.tolist()
     assert all(q[i, t] > 0 for i, t in enumerate(toks))  # each draft was drawn from its row
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_head_stored_quantized_loads_as_stored_and_decodes_losslessly(qwen3, dflash_heads, greedy_refs, tmp_path, version):
+    """quantize-head stores a DFlash head as loading would quantize it: the linear layers at 4 bits,
+    DFlash 2's convolutions and selector in float. It loads with exactly the stored tensors (no
+    second quantization), and its drafts change nothing in the greedy ids."""
+    target, tok = qwen3
+    quantize_head_dir(dflash_heads[version], tmp_path / "q4", bits=4)
+    assert json.loads((tmp_path / "q4" / "config.json").read_text())["quantization"] == {"group_size": 64, "bits": 4}
+    stored = mx.load(str(tmp_path / "q4" / "model.safetensors"))
+    drafter = load_dflash(tmp_path / "q4", target, bits=4)
+    loaded = dict(tree_flatten(drafter.head.parameters()))
+    assert loaded.keys() == stored.keys() and all(mx.array_equal(loaded[k], stored[k]).item() for k in stored)
+    at_load = dict(tree_flatten(load_dflash(dflash_heads[version], target, bits=4).head.parameters()))
+    assert at_load.keys() == stored.keys() and all(mx.array_equal(at_load[k], stored[k]).item() for k in stored)
+    layer = drafter.head.layers[0]
+    for linear in (drafter.head.fc, layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.down_proj):
+        assert isinstance(linear, nn.QuantizedLinear) and linear.bits == 4
+    if version == 2:
+        assert type(layer.attention_conv.kernel_projection) is nn.Linear
+        assert type(drafter.head.candidate_selector.hidden_projection) is nn.Linear
+    for p in PROMPTS:
+        r = dflash_generate(target, tok, drafter, p, max_new_tokens=24, temperature=0.0)
+        assert r.token_ids == greedy_refs[p], p
 
 
 def test_nested_block_size_and_pair_loader(tiny_dirs, tmp_path):

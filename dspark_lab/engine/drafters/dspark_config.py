@@ -111,21 +111,36 @@ def detect_packaging(cfg: dict, tensor_names: set[str]) -> str:
             f"this looks like a full model ({', '.join(archs) or 'model.layers.* tensors'}), possibly with an embedded drafter, "
             "not a standalone DSpark head. Pass the target with --model and the head's own directory with --drafter."
         )
-    has_markov = any(n.startswith(("markov_head.", "logit_head.markov_head.")) for n in tensor_names)
     if dflash is not None and dflash.get("projector_type") == "dspark":
         return "specforge"
     if any("Lfm2DSpark" in a for a in archs):
         return "lfm2"
-    dflash_like = any("DFlash" in a for a in archs) or dflash is not None or "dflash_query_causal" in cfg
-    if dflash_like and not any("DSpark" in a for a in archs):
-        if not has_markov and not cfg.get("markov_rank"):
-            hybrid = "DFlash 2" if "selector_rank" in cfg or "selector_rank" in (dflash or {}) else "DFlash"
-            raise LoadError(
-                f"this is a {hybrid} block-diffusion head ({', '.join(archs) or 'dflash_config'}), not a DSpark head: "
-                "it has no Markov head and no DSpark marker. Run it with --mode dflash (load_dflash_pair)."
-            )
-        return "dflash-causal"
+    if is_dflash_head(cfg, tensor_names):
+        hybrid = "DFlash 2" if "selector_rank" in cfg or "selector_rank" in (dflash or {}) else "DFlash"
+        raise LoadError(
+            f"this is a {hybrid} block-diffusion head ({', '.join(archs) or 'dflash_config'}), not a DSpark head: "
+            "it has no Markov head and no DSpark marker. Run it with --mode dflash (load_dflash_pair)."
+        )
+    if _dflash_marked(cfg):
+        return "dflash-causal"  # DFlash-lineage, but with a Markov head: a DSpark head
     return "native"
+
+
+def _dflash_marked(cfg: dict[str, Any]) -> bool:
+    """Marked as a DFlash-lineage checkpoint and not as a DSpark one."""
+    archs = [str(a) for a in (cfg.get("architectures") or [])]
+    dflash_like = any("DFlash" in a for a in archs) or isinstance(cfg.get("dflash_config"), dict) or "dflash_query_causal" in cfg
+    return dflash_like and not any("DSpark" in a for a in archs)
+
+
+def is_dflash_head(cfg: dict[str, Any], tensor_names: set[str]) -> bool:
+    """A plain DFlash / DFlash 2 head, which load_dflash runs: DFlash-marked, with no Markov head
+    and no DSpark packaging (SpecForge's projector, speculators), which would make it a DSpark head."""
+    nested = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
+    if nested.get("projector_type") == "dspark" or "speculators_config" in cfg or "speculators_model_type" in cfg:
+        return False
+    has_markov = any(n.startswith(("markov_head.", "logit_head.markov_head.")) for n in tensor_names)
+    return _dflash_marked(cfg) and not has_markov and not cfg.get("markov_rank")
 
 
 def parse_dspark_config(cfg: dict[str, Any], tensor_names: set[str]) -> DSparkConfig:

@@ -22,7 +22,7 @@ from ...errors import LoadError
 from ..loading import read_json, resolve_model_path
 from ..target import Target
 from .dspark import DSparkDrafter, DSparkHead
-from .dspark_config import parse_dspark_config, rename_tensor
+from .dspark_config import is_dflash_head, parse_dspark_config, rename_tensor
 
 DRAFTER_BITS = (4, 8, 16)
 QUANT_GROUP = 64
@@ -30,6 +30,9 @@ STORED_BITS = (2, 3, 4, 5, 6, 8)  # what MLX's affine quantization stores
 STORED_GROUPS = (32, 64, 128)
 # Tensors some packagings ship that inference never reads.
 TRAINING_ONLY = {"t2d"}
+# What a DFlash head keeps in float at any bits: DFlash 2's convolutions and candidate selector,
+# small and precision-bound.
+DFLASH_FLOAT = ("_conv", "candidate_selector")
 
 
 def read_safetensors(path: Path) -> dict[str, mx.array]:
@@ -116,6 +119,11 @@ def native_weights(raw: dict[str, mx.array]) -> dict[str, mx.array]:
     return weights
 
 
+def dflash_weights(raw: dict[str, mx.array]) -> dict[str, mx.array]:
+    """A DFlash checkpoint's tensors under the head's names (z-lab's ship under `model.`)."""
+    return {k[len("model."):] if k.startswith("model.") else k: v for k, v in raw.items()}
+
+
 def read_head(ref: str | os.PathLike, bits: int, window: int) -> tuple[Path, dict, dict[str, mx.array]]:
     """Check the options, then the head's directory, config.json and tensors."""
     if bits not in DRAFTER_BITS:
@@ -134,7 +142,7 @@ def load_dflash(ref: str | os.PathLike, target: Target, *, bits: int = 4, window
     from .dflash import DFlashDrafter, DFlashHead, parse_dflash_config
 
     _, cfg_json, raw = read_head(ref, bits, window)
-    weights = {k[len("model."):] if k.startswith("model.") else k: v for k, v in raw.items()}
+    weights = dflash_weights(raw)
     config = parse_dflash_config(cfg_json, set(weights))
     target.check_taps(config.target_layer_ids)
     if config.backbone.vocab_size != target.vocab_size:
@@ -142,7 +150,7 @@ def load_dflash(ref: str | os.PathLike, target: Target, *, bits: int = 4, window
     if config.backbone.hidden_size != target.hidden_size:
         raise LoadError(f"the DFlash head's hidden size ({config.backbone.hidden_size}) differs from the target's ({target.hidden_size}); it cannot use the target's embeddings and lm_head.")
     head = DFlashHead(config, target.hidden_size)
-    load_into(head, weights, stored_quantization(cfg_json, set(weights)), bits, keep_float=("_conv", "candidate_selector"))
+    load_into(head, weights, stored_quantization(cfg_json, set(weights)), bits, keep_float=DFLASH_FLOAT)
     mx.eval(head.parameters())
     target.probe(config.target_layer_ids)
     return DFlashDrafter(head, target.embed, target.head_logits, window=window, name=str(ref))
@@ -177,12 +185,35 @@ def load_dspark(
     return DSparkDrafter(head, embed, lm_head, window=window, name=str(ref))
 
 
+def _target_hidden(path: Path, weights: dict[str, mx.array], taps: list[int]) -> int:
+    """The target's hidden size, read off the fusing projection (quantizing needs no target)."""
+    fc = weights.get("fc.weight")
+    if fc is None:
+        raise LoadError(f"the head in {str(path)!r} has no fc.weight: not a DSpark or DFlash head this can quantize.")
+    return fc.shape[1] // len(taps)
+
+
+def float_head(path: Path, cfg_json: dict, raw: dict[str, mx.array]) -> tuple[str, nn.Module, dict[str, mx.array], tuple[str, ...]]:
+    """The head's kind, its module (DSpark or DFlash) shaped for its float tensors, the tensors
+    under the names its loader reads, and the modules its loader keeps in float: what quantizing
+    it exactly as loading would needs."""
+    if is_dflash_head(cfg_json, set(raw)):
+        from .dflash import DFlashHead, parse_dflash_config
+
+        weights = dflash_weights(raw)
+        config = parse_dflash_config(cfg_json, set(weights))
+        return "DFlash", DFlashHead(config, _target_hidden(path, weights, config.target_layer_ids)), weights, DFLASH_FLOAT
+    weights = native_weights(raw)
+    config = parse_dspark_config(cfg_json, set(raw))
+    return "DSpark", DSparkHead(config, _target_hidden(path, weights, config.target_layer_ids)), weights, ()
+
+
 def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int = 4) -> tuple[int, int]:
-    """Write the DSpark head at `src` to `dst` with its weights quantized (`bits`, group 64, as
-    loading quantizes them), config.json saying so, and its model card (README.md) with a line
-    saying how: a head small enough to commit, which `load_dspark` loads as stored and
-    `distill --init` continues from. Nothing else of a distill folder (its data, log and
-    checkpoint) is copied. Returns the weight bytes before and after."""
+    """Write the DSpark or DFlash head at `src` to `dst` with its weights quantized (`bits`, group
+    64, exactly where and as loading quantizes them), config.json saying so, and its model card
+    (README.md) with a line saying how: a head small enough to commit, which `load_dspark` /
+    `load_dflash` load as stored and `distill --init` continues from (DSpark). Nothing else of a
+    distill folder (its data, log and checkpoint) is copied. Returns the weight bytes before and after."""
     if bits not in (4, 8):
         raise LoadError(f"a head is stored at 4 or 8 bits, got {bits}.")
     path, cfg_json, raw = read_head(src, 16, 1)
@@ -191,18 +222,13 @@ def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int 
     out = Path(dst)
     if out.resolve() == path.resolve():
         raise LoadError("write the quantized head to another directory: the float original is what later training continues best from.")
-    weights = native_weights(raw)
-    config = parse_dspark_config(cfg_json, set(raw))
-    fc = weights.get("fc.weight")
-    if fc is None:
-        raise LoadError(f"the head in {str(path)!r} has no fc.weight: not a DSpark head this can quantize.")
-    head = DSparkHead(config, fc.shape[1] // len(config.target_layer_ids))
-    load_into(head, weights, None, bits)
+    kind, head, weights, keep_float = float_head(path, cfg_json, raw)
+    load_into(head, weights, None, bits, keep_float)
     out.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(head.parameters())), metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps({**cfg_json, "quantization": {"group_size": QUANT_GROUP, "bits": bits}}, indent=2))
     before, after = sum(f.stat().st_size for f in path.glob("*.safetensors")), (out / "model.safetensors").stat().st_size
-    card = (path / "README.md").read_text() if (path / "README.md").exists() else f"# DSpark head from {path}\n"
+    card = (path / "README.md").read_text() if (path / "README.md").exists() else f"# {kind} head from {path}\n"
     (out / "README.md").write_text(card.rstrip("\n") + f"\n\nStored quantized by `dspark-lab quantize-head`: {bits} bits, group size "
                                    f"{QUANT_GROUP}, weights {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB.\n")
     return before, after
