@@ -51,9 +51,11 @@ CODE_KINDS = [
     "ask to explain a concept with an example", "ask to convert a short snippet you include to another language",
     "ask for a script that does a concrete job", "ask to optimize a short snippet you include", "ask for code and its tests",
 ]
-# Left out on purpose: the subjects of the three evaluated math prompts that no training template
-# mirrors (math-003 a polygon's angles, math-007 dice, math-008 choosing a committee; MIRRORED_PROMPTS
-# in synthetic_prompts.py), so that "math without a training twin" stays a measure of generalizing.
+# Left out on purpose: the subjects of the two evaluated math prompts that no training template
+# mirrors (math-003 a polygon's angles, math-008 choosing a committee; MIRRORED_PROMPTS in
+# synthetic_prompts.py), so that "math without a training twin" stays a measure of generalizing.
+# Probability stays out too, though math-007 (dice) has the coin-flip template as its twin and so
+# counts as mirrored: a new topic would change what every seed writes.
 MATH_TOPICS = [
     "percentages and discounts", "ratios and proportions", "speed, distance and time", "circles",
     "simple and compound interest", "unit conversion", "linear equations",

@@ -90,10 +90,16 @@ def _math_families(r: random.Random):
 # acceptance is 3.48 on the five evaluated prompts they mirror and 2.29 on the other three
 # (docs/performance.md), so a clean math evaluation needs them left out: --no-mirrors.
 MIRROR_FAMILIES = frozenset({2, 3, 4, 5, 6, 9, 14, 15, 18, 21})
-# The built-in math prompts those families copy (five of them among the eight a round evaluates):
-# their acceptance says how well the head learnt a template, the others' how well it generalizes.
-MIRRORED_PROMPTS = frozenset({"math-001", "math-002", "math-004", "math-005", "math-006", "math-009", "math-010", "math-011",
-                              "math-014", "math-021"})
+# The built-in math prompts a family copies (six of them among the eight a round evaluates):
+# their acceptance says how well the head learnt a template, the others' (math-003, math-008) how
+# well it generalizes. The ten named above, and math-007 ("If you roll a fair six-sided die 4 times,
+# what is the probability of getting at least one six?"): the coin-flip family (12) asks the same
+# repeated-trials question in the same sentence, at a likeness of 0.50-0.52 (prompt_twins.py's;
+# its twin flag is 0.5), nearer than math-001 (0.32) and math-010 (0.21) are to their families.
+# --no-mirrors still makes family 12: every round's data since the ninth holds it already, so
+# leaving it out now would not make math-007 clean again, only change what a seed makes.
+MIRRORED_PROMPTS = frozenset({"math-001", "math-002", "math-004", "math-005", "math-006", "math-007", "math-009", "math-010",
+                              "math-011", "math-014", "math-021"})
 
 
 def math_without_twin(row: dict) -> bool:

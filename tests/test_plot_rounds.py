@@ -34,13 +34,15 @@ def test_rounds_are_summarized_per_set_in_round_order_and_rendered(tmp_path):
 
 
 def test_a_math_bar_leaves_out_the_prompts_a_training_template_copies(tmp_path):
-    """math-001 has a twin among the synthetic math families (MIRRORED_PROMPTS); math-003 has none."""
+    """math-001 has a twin among the synthetic math families (MIRRORED_PROMPTS), and so has math-007
+    (dice, the coin-flip family's sentence); math-003 has none."""
     f = tmp_path / "eval9_q.json"
     f.write_text(json.dumps({"model": "/m/qwen2.5-coder-0.5b-q4-bfloat16", "rows": [
         {"prompt": "math-001", "set": "math", "arm": "dspark", "mean_accept": 4.0},
         {"prompt": "math-003", "set": "math", "arm": "dspark", "mean_accept": 2.0}]}))
     rows = {r["set"]: r for r in plot.summarize([f])}
     assert not plot.math_without_twin({"set": "math", "prompt": "math-001"}) and plot.math_without_twin({"set": "math", "prompt": "math-003"})
+    assert not plot.math_without_twin({"set": "math", "prompt": "math-007"}) and plot.math_without_twin({"set": "math", "prompt": "math-008"})
     assert rows["math"]["mean_accept"] == 3.0 and rows["math (no twin)"]["mean_accept"] == 2.0
     assert rows["math (no twin)"]["prompts"] == 1
 

@@ -23,8 +23,9 @@ def test_clean_keeps_only_the_request():
 
 
 def test_math_topics_stay_away_from_the_evaluated_prompts_no_template_mirrors():
-    # math-003 (a hexagon's angles), math-007 (dice), math-008 (a committee): the "math without a
-    # training twin" figure, which a self-written request on their subject would inflate.
+    # math-003 (a hexagon's angles), math-008 (a committee): the "math without a training twin"
+    # figure, which a self-written request on their subject would inflate. Dice and probability
+    # (math-007, mirrored by the coin-flip template) stay out as well: see MATH_TOPICS.
     subjects = ("angle", "polygon", "triangle", "hexagon", "dice", "probability", "committee", "arrangement", "counting",
                 "combination", "permutation")
     assert not [t for t in si.MATH_TOPICS if any(s in t for s in subjects)]

@@ -82,6 +82,21 @@ def test_no_mirrors_leaves_out_the_families_that_copy_held_out_wording():
     assert len(set(clean)) == 1500
 
 
+def test_math_007_has_the_coin_flip_family_as_twin_and_the_unmirrored_prompts_have_none(tmp_path):
+    """Why math-007 (dice) is in MIRRORED_PROMPTS: among a math file's prompts prompt_twins.py finds
+    a coin-flip question at its twin flag (0.5); the evaluated prompts left out of it have none."""
+    spec = importlib.util.spec_from_file_location("prompt_twins", Path(__file__).resolve().parents[1] / "benchmarks" / "prompt_twins.py")
+    twins = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(twins)
+    path = tmp_path / "math_synth.jsonl"
+    synth.write_prompt_file(path, synth.synthetic_math_prompts(2500, seed=0))
+    training = [("math_synth", p) for p in load_prompt_set(str(path)).prompts]
+    rows = {r["prompt"]: r for r in twins.nearest(load_prompt_set("math", limit=8).prompts, training)}
+    assert rows["math-007"]["likeness"] >= 0.5 and "If you flip a fair coin" in rows["math-007"]["nearest_text"]
+    unmirrored = sorted(p for p in rows if p not in synth.MIRRORED_PROMPTS)
+    assert unmirrored == ["math-003", "math-008"] and all(rows[p]["likeness"] < 0.5 for p in unmirrored)
+
+
 def test_the_ninth_rounds_math_file_is_remade_byte_for_byte():
     """`--kind math --n 2500` (seed 0) is the file the ninth and tenth rounds trained on; its sha256
     is pinned so that no change to the generator silently changes what a seed makes."""
