@@ -27,9 +27,25 @@
 # HEAD=q4 returns the head h200_corpus_heads.sh stored quantized (QUANT=4) in /tmp/NAME/q4, small
 # enough to commit: its config and weights, and its card in the archive as q4/README.md; the float
 # head stays there (the session's last evaluation reads it).
+# WAIT=SECONDS first waits up to that long, and stops waiting as soon as the run reaches its next
+# stage (distill ends: .distill_done; the whole run ends: .run_done, both written by
+# h200_corpus_heads.sh after this call began). So each poll is one call that spends its time
+# waiting on the device, not a sleep plus a collect, and the run's end comes back at once:
+#   source /root/ship/mlx/activate && WAIT=560 HEAD=q4 bash benchmarks/h200_collect.sh NAME
+# A machine is given back 30 s after a call ends: make the next poll the moment one returns
+# (the eighteenth round lost its machine to work done on this side between two polls).
 set -u
 run=/tmp/$1
 out=${OUT:?run this on the device, where OUT is set}
+case ${WAIT:-0} in ''|*[!0-9]*) echo "WAIT must be a whole number of seconds, got '${WAIT:-}'"; exit 2 ;; esac
+if [ "${WAIT:-0}" -gt 0 ]; then
+  began=$(mktemp); waited=0
+  until [ "$run/.distill_done" -nt "$began" ] || [ "$run/.run_done" -nt "$began" ] || [ "$waited" -ge "$WAIT" ]; do
+    sleep 1; waited=$((waited + 1))
+  done
+  rm -f "$began"
+  echo "waited ${waited} s of ${WAIT}$( [ "$waited" -lt "$WAIT" ] && echo ": the run reached its next stage")"
+fi
 src=$run${HEAD:+/$HEAD}  # the head directory whose config and weights come back
 # HEAD=q4 (or q8) while distill runs: the newest checkpoint is stored at those bits here first
 # (dspark-lab quantize-head, about 10 s; so poll after `source /root/ship/mlx/activate`), and every

@@ -37,7 +37,7 @@ case $name in
 esac
 arch=${ARCH:-$arch}  # e.g. ARCH="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 2048"
 run=${RUN_DIR:-/tmp/$name}  # where h200_collect.sh NAME looks; RUN_DIR only for the tests
-mkdir -p "$run"; rm -rf "$run/.distill_done" "$run/.collect"  # a previous run's marks for h200_collect.sh
+mkdir -p "$run"; rm -rf "$run/.distill_done" "$run/.run_done" "$run/.collect"  # a previous run's marks for h200_collect.sh
 # RESUME=1: continue the checkpoint already in /tmp/NAME (a new cosine over MINUTES).
 # INIT=DIR: start from a trained head's weights (e.g. the committed fixture), fresh optimizer.
 # .shipped_rows: how many rows came in DATA, so h200_collect.sh brings back only the rows made here
@@ -71,7 +71,7 @@ if [ -n "${GEN_PROMPTS:-}" ]; then
 fi
 # TRAIN=0: the rows are the result (weights do not outlive a session, committed rows do);
 # h200_collect.sh brings back the generated ones.
-[ "${TRAIN:-1}" = 0 ] && { echo "$name done (TRAIN=0: generation only)"; exit 0; }
+[ "${TRAIN:-1}" = 0 ] && { touch "$run/.run_done"; echo "$name done (TRAIN=0: generation only)"; exit 0; }
 # --tokens 0 and --corpus-tokens 1: the data file already holds its rows, so nothing is generated or read
 # (a positive --tokens would continue PROMPTS for a data file without generated rows).
 timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" --out "$run" $arch \
@@ -114,4 +114,5 @@ case ${TIMING:-overlap} in
 esac
 [ -n "$rc" ] && { echo "$name timing rc=$rc at ${SECONDS}s"; grep -v Warning "$run/timing.log" | tail -12; }
 [ -n "${QUANT:-}" ] && evaluate "$run" 16 "$run/eval_float.json" "$run/eval_float.log"
+touch "$run/.run_done"  # a waiting poll (h200_collect.sh WAIT=) returns now
 echo "$name done"

@@ -14,6 +14,8 @@ import shutil
 import struct
 import subprocess
 import tarfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -327,3 +329,36 @@ def test_head_q4_stores_each_new_checkpoint_quantized_while_distill_runs(run_dir
     shutil.rmtree(out); out.mkdir()
     collect(name, out, **env)
     assert len(calls.read_text().splitlines()) == 2
+
+
+def test_wait_ends_when_the_run_reaches_its_next_stage_not_on_an_earlier_mark(run_dir, tmp_path):
+    # WAIT lets one poll call spend its time waiting on the device and return as soon as distill or
+    # the run ends. A mark from before the call (distill ended in an earlier poll) must not end it.
+    name, run = run_dir
+    (run / ".distill_done").touch()
+    (run / "eval.json").write_text("{}")
+    threading.Timer(2.0, lambda: (run / ".run_done").touch()).start()
+    out = tmp_path / "out"
+    out.mkdir()
+    started = time.monotonic()
+    # Without the early end this call would wait 300 s, and the timeout fails the test.
+    said = subprocess.run(["bash", str(SCRIPT), name], env={**os.environ, "OUT": str(out), "WAIT": "300"},
+                          capture_output=True, text=True, check=True, timeout=120).stdout
+    assert "the run reached its next stage" in said and time.monotonic() - started >= 1.5
+    assert (out / "results.tar.gz").exists()  # and then it collects as always
+
+
+def test_wait_collects_after_its_seconds_when_nothing_happens(run_dir, tmp_path):
+    name, run = run_dir
+    (run / "distill.log").write_text("log")
+    out = tmp_path / "out"
+    out.mkdir()
+    said = collect(name, out, WAIT="1")
+    assert "waited 1 s of 1" in said and "next stage" not in said and (out / "results.tar.gz").exists()
+
+
+def test_wait_refuses_what_is_not_whole_seconds(run_dir, tmp_path):
+    name, _ = run_dir
+    result = subprocess.run(["bash", str(SCRIPT), name], env={**os.environ, "OUT": str(tmp_path), "WAIT": "9.5"},
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "WAIT must be a whole number of seconds, got '9.5'" in result.stdout

@@ -13,6 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "h200_corpus_heads
 
 STUB = """#!/usr/bin/env bash
 echo "$* [distill_done=$([ -f "$RUN_DIR/.distill_done" ] && echo 1 || echo 0)]" >> "$CALLS"
+[ -f "$RUN_DIR/.run_done" ] && echo "$*" >> "$CALLS.run_done"  # must never happen: the run is not over
 prev=""
 for a in "$@"; do  # self_instruct.py writes its --out file
   if [ "$prev" = "--out" ] && [[ "$*" == *self_instruct.py* ]]; then echo '{"id": "selfcode-00001"}' | gzip > "$a"; fi
@@ -32,6 +33,7 @@ def run_script(tmp_path, **env):
     calls = tmp_path / "calls.txt"
     run.mkdir()
     (run / ".distill_done").touch()  # a previous run's marks: removed before this one starts
+    (run / ".run_done").touch()
     (run / ".collect").mkdir()  # (and its half-returned snapshot)
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "RUN_DIR": str(run),
             "DATA": str(data), "TIMING": "none", **env}
@@ -53,6 +55,8 @@ def test_self_instruct_requests_go_first_into_the_generation(tmp_path):
     # h200_collect.sh returns the final head first once distill has ended, and only then
     assert [c.endswith("[distill_done=1]") for c in calls] == [False, False, False, True]
     assert not (run / ".collect").exists()
+    # .run_done (a waiting poll's signal) only once every step is over, not a previous run's
+    assert not Path(f"{tmp_path / 'calls.txt'}.run_done").exists() and (run / ".run_done").exists()
 
 
 def test_self_instruct_of_two_kinds_writes_n_of_each_and_both_go_first(tmp_path):
