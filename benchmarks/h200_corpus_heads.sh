@@ -17,7 +17,7 @@
 # `setsid nohup ... &` and it outlives the device call (while the machine stays warm), so a
 # 30-minute session can train with MINUTES=20 in one run.
 # Settings (environment): MINUTES, LR, ARCH (the distill architecture and batch options),
-# INIT=DIR or RESUME=1, CKPT (checkpoint every N steps: a crash keeps the last one), CACHE_GB
+# INIT=DIR or RESUME=1, MIX (distill --mix: how often each prompt set's rows are drawn), CKPT (checkpoint every N steps: a crash keeps the last one), CACHE_GB
 # (cap MLX's buffer cache: needed when two runs share one GPU; two uncapped runs ran an H200 out
 # of memory), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
 # nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TRAIN=0
@@ -78,7 +78,8 @@ timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" 
   --prompts "${PROMPTS:-code,math,chat}" \
   --tokens 0 --corpus "sharegpt:ShareGPT_V3_unfiltered_cleaned_split.json" --corpus-tokens 1 \
   --max-len "${MAXLEN:-1024}" --steps 200000 --lr "${LR:-1e-3}" --warmup 200 --minutes "${MINUTES:-8}" --eval-every 1000000 --checkpoint-every "${CKPT:-1000000}" \
-  --cache-gb "${CACHE_GB:-0}" $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") >> "$run/distill.log" 2>&1
+  --cache-gb "${CACHE_GB:-0}" $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") \
+  ${MIX:+--mix "$MIX"} >> "$run/distill.log" 2>&1
 echo "$name distill rc=$? at ${SECONDS}s"
 touch "$run/.distill_done"  # h200_collect.sh now returns the final head first
 # QUANT=4 (or 8): the head to keep is the one stored at those bits (dspark-lab quantize-head), small

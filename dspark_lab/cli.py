@@ -577,13 +577,14 @@ def distill(
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
     data_only: Annotated[bool, typer.Option(help="Only make the training data (OUT/data.jsonl), e.g. on a CPU machine; a later run with the same --out trains on it.")] = False,
     init: Annotated[Optional[Path], typer.Option(help="Start from this trained head's weights (a distill output of the same architecture), with a fresh optimizer.")] = None,
+    mix: Annotated[str, typer.Option(help="Draw training rows by prompt set: 'PATTERN=WEIGHT,...', shell-style patterns on each row's set (e.g. 'self_code*=2,code_*=2,corpus:*=0.5'); the first match wins, other rows weigh 1. Leans training toward what the head lags on.")] = "",
 ):
     """Train a DSpark head for a model that has none, on the model's own outputs (MLX: Metal, CUDA or, slowly, CPU)."""
     from .lab.distill import DistillConfig, distill as run_distill
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, intermediate_size=intermediate_size, prompts=prompts,
                         tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
-                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, chain_slots=chain_slots, target_weights=target_weights, compute_dtype=compute_dtype, cache_gb=cache_gb, init=str(init or ""), command="dspark-lab " + " ".join(sys.argv[1:]))
+                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, chain_slots=chain_slots, target_weights=target_weights, compute_dtype=compute_dtype, cache_gb=cache_gb, init=str(init or ""), mix=mix, command="dspark-lab " + " ".join(sys.argv[1:]))
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     if data_only:  # no head yet: the next step is training on the data
         out.print(f"training data in {path / 'data.jsonl'}; train with the same command without --data-only")

@@ -14,6 +14,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "h200_corpus_heads
 STUB = """#!/usr/bin/env bash
 echo "$* [distill_done=$([ -f "$RUN_DIR/.distill_done" ] && echo 1 || echo 0)]" >> "$CALLS"
 [ -f "$RUN_DIR/.run_done" ] && echo "$*" >> "$CALLS.run_done"  # must never happen: the run is not over
+[[ "$*" == *--mix* ]] && for a in "$@"; do echo "<$a>"; done >> "$CALLS.args"  # one line per argument
 prev=""
 for a in "$@"; do  # self_instruct.py writes its --out file
   if [ "$prev" = "--out" ] && [[ "$*" == *self_instruct.py* ]]; then echo '{"id": "selfcode-00001"}' | gzip > "$a"; fi
@@ -116,3 +117,12 @@ def test_without_quant_the_float_head_is_evaluated_once_and_timed(tmp_path):
     assert len(calls) == 3 and not any("quantize-head" in c for c in calls)
     assert f"--head {run} --drafter-bits 16 " in calls[1] and f"--head {run} --drafter-bits 16 " in calls[2]
     assert "launch_overlap.py" in calls[2] and "timing rc=0" in out
+
+
+def test_mix_reaches_the_training_run_as_one_argument(tmp_path):
+    _, calls, _ = run_script(tmp_path, MIX="self_code*=2, corpus:*=0.5")  # a space and globs: still one argument
+    assert any("--tokens 0" in c and "--mix" in c for c in calls)
+    assert "<--mix>\n<self_code*=2, corpus:*=0.5>\n" in (tmp_path / "calls.txt.args").read_text()
+    (tmp_path / "plain").mkdir()
+    _, calls, _ = run_script(tmp_path / "plain")
+    assert not any("--mix" in c for c in calls)

@@ -803,3 +803,55 @@ def test_distill_loads_a_half_precision_target_as_is_and_without_the_cast_advice
         warnings.simplefilter("error", SlowDtypeWarning)
         target, _ = load_target_as_is(str(tiny_bf16_dir))
     assert target.model.model.embed_tokens.weight.dtype == mx.bfloat16
+
+
+def test_mix_draws_each_prompt_sets_rows_as_often_as_asked(tmp_path):
+    """--mix weighs the training draws by prompt set: weight 0 never drawn, 3 against 1 three times
+    as often (a statistical check on 6,000 seeded draws), the first matching pattern wins."""
+    import itertools
+    import random
+    from collections import Counter
+
+    from dspark_lab.lab.distill import _training_batch, draw_weights
+
+    sets = ["self_code_s1", "code_synth2", "corpus:sharegpt", "math_synth"]
+    data = [{"ids": [100 + sets.index(s)] + list(range(1, 40)), "prompt_len": 5, "set": s}
+            for s in sets for _ in range(20 if s.startswith("corpus") else 10)]
+    weights, lines = draw_weights(data, "self_code*=3,corpus:*=0,*_synth2=1")
+    assert weights[:10] == [3.0] * 10 and weights[20:40] == [0.0] * 20
+    assert lines == ["mix self_code*=3: 10 rows, 20% of the rows, 60% of the draws",
+                     "mix corpus:*=0: 20 rows, 40% of the rows, 0% of the draws",
+                     "mix *_synth2=1: 10 rows, 20% of the rows, 20% of the draws",
+                     "mix the rest (=1): 10 rows, 20% of the rows, 20% of the draws"]
+    cfg = config("m", tmp_path / "x", seqs=6, anchors=6)
+    rng, drawn = random.Random(0), Counter()
+    for _ in range(1000):
+        ids, _, _ = _training_batch(data, rng, cfg, list(itertools.accumulate(weights)))
+        drawn.update(sets[int(t) - 100] for t in ids[:, 0].tolist())
+    share = {s: n / 6000 for s, n in drawn.items()}
+    assert "corpus:sharegpt" not in share
+    assert abs(share["self_code_s1"] - 0.6) < 0.03 and abs(share["code_synth2"] - 0.2) < 0.03 and abs(share["math_synth"] - 0.2) < 0.03
+    assert draw_weights(data, "") == (None, [])  # no --mix: uniform draws, exactly as before
+
+
+def test_mix_refuses_what_would_waste_a_run(tmp_path):
+    from dspark_lab.lab.distill import draw_weights
+
+    for bad in ("code", "code=x", "=2", "code=-1", "code=nan"):
+        with pytest.raises(InputError, match="--mix takes PATTERN=WEIGHT pairs"):
+            config("m", tmp_path / "x", mix=bad)
+    data = [{"ids": [1, 2, 3], "prompt_len": 1, "set": "code_synth2"}, {"ids": [1, 2, 3], "prompt_len": 1, "set": "math_synth"}]
+    with pytest.raises(InputError, match=r"'slef_code\*' match no row's prompt set \(the data has: code_synth2, math_synth\)"):
+        draw_weights(data, "slef_code*=2")
+    with pytest.raises(InputError, match="every row weight 0"):
+        draw_weights(data, "*=0")
+
+
+def test_a_mixed_run_trains_and_says_its_mix(tiny_dirs, tmp_path):
+    said = []
+    out = tmp_path / "head"
+    distill(config(tiny_dirs["qwen3"], out, steps=12, eval_every=100, mix="code=3"), progress=False, say=said.append)
+    assert any(m.startswith("mix code=3: ") for m in said) and any(m.startswith("mix the rest (=1): ") for m in said)
+    assert '"mix": "code=3"' in (out / "README.md").read_text()  # the card records how the rows were drawn
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 12

@@ -22,6 +22,8 @@
 
 from __future__ import annotations
 
+import fnmatch
+import itertools
 import json
 import math
 import tempfile
@@ -95,6 +97,9 @@ class DistillConfig:
     taps: list[int] | None = None
     mask_token_id: int | None = None
     seed: int = 0
+    # How often each row is drawn, by its prompt set: "PATTERN=WEIGHT,..." (see parse_mix); "":
+    # every row equally often. Leans training toward what the head lags on without new data.
+    mix: str = ""
     command: str = ""  # the command line, for the model card
 
     def __post_init__(self) -> None:
@@ -125,6 +130,52 @@ class DistillConfig:
             raise InputError("--markov-rank must be >= 0 and the learning rate > 0.")
         if self.intermediate_size < 0:
             raise InputError(f"--intermediate-size must be >= 0 (0: the target's MLP width), got {self.intermediate_size}.")
+        parse_mix(self.mix)  # a malformed --mix fails here, before any data is made or read
+
+
+def parse_mix(mix: str) -> list[tuple[str, float]]:
+    """'self_code*=2,code_*=2,corpus:*=0.5' -> [(pattern, weight), ...]: shell-style patterns on a
+    row's prompt set (its "set" field: code_synth2, self_code_s1, corpus:sharegpt, ...)."""
+    pairs = []
+    for item in filter(None, (x.strip() for x in mix.split(","))):
+        pattern, eq, weight = item.rpartition("=")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = -1.0
+        if not eq or not pattern or not value >= 0 or value == float("inf"):
+            raise InputError(f"--mix takes PATTERN=WEIGHT pairs with a weight >= 0, e.g. 'self_code*=2,corpus:*=0.5'; "
+                             f"got {item!r}.")
+        pairs.append((pattern, value))
+    return pairs
+
+
+def draw_weights(data: list[dict], mix: str) -> tuple[list[float] | None, list[str]]:
+    """Each row's weight in the training draws under --mix (the first pattern its prompt set matches;
+    1 where none does), and a line per pattern saying what share of the draws it gets instead of
+    its share of the rows. (None, []) without --mix: every row equally often, as always."""
+    pairs = parse_mix(mix)
+    if not pairs:
+        return None, []
+    sets = [row.get("set", "") for row in data]
+    matched = [next((i for i, (pattern, _) in enumerate(pairs) if fnmatch.fnmatchcase(s, pattern)), None) for s in sets]
+    weights = [1.0 if m is None else pairs[m][1] for m in matched]
+    total = sum(weights)
+    unused = [pattern for i, (pattern, _) in enumerate(pairs) if i not in matched]
+    if unused:
+        names = ", ".join(sorted(set(sets)))
+        raise InputError(f"--mix pattern(s) {', '.join(map(repr, unused))} match no row's prompt set (the data has: {names}); "
+                         "fix the pattern or leave it out.")
+    if total == 0:
+        raise InputError("--mix gives every row weight 0: nothing would be drawn; give some set a weight above 0.")
+    lines = []
+    for i, (pattern, weight) in [*enumerate(pairs), (None, (None, 1.0))]:
+        rows = [k for k, m in enumerate(matched) if m == i]
+        if rows:
+            label = f"{pattern}={weight:g}" if pattern else "the rest (=1)"
+            lines.append(f"mix {label}: {len(rows)} rows, {len(rows) / len(data):.0%} of the rows, "
+                         f"{sum(weights[k] for k in rows) / total:.0%} of the draws")
+    return weights, lines
 
 
 def default_taps(num_layers: int) -> list[int]:
@@ -521,12 +572,16 @@ def dense_lm_head(target: Target):
     return lambda x: x.astype(w.dtype) @ w + bias[0]
 
 
-def _training_batch(data: list[dict], rng, cfg: DistillConfig):
+def _training_batch(data: list[dict], rng, cfg: DistillConfig, cum_weights: list[float] | None = None):
     """One step's batch: cfg.seqs sequences (cut to cfg.max_len, right-padded together to a
     multiple of PAD_TO: few distinct shapes, and on CUDA every new shape compiles its kernels
     first) and cfg.anchors // cfg.seqs anchors in each -> (ids (B, L), lengths (B,), anchors
-    (B, A)), or None when a drawn sequence has no continuation to learn from."""
-    rows = [data[rng.randrange(len(data))] for _ in range(cfg.seqs)]
+    (B, A)), or None when a drawn sequence has no continuation to learn from. The rows are drawn
+    uniformly, or by `cum_weights` (--mix, cumulated)."""
+    if cum_weights is None:
+        rows = [data[rng.randrange(len(data))] for _ in range(cfg.seqs)]
+    else:
+        rows = rng.choices(data, cum_weights=cum_weights, k=cfg.seqs)
     seqs, ranges = [], []
     for row in rows:
         ids = row["ids"][-cfg.max_len :]  # keep the continuation; cut the prompt's start
@@ -692,6 +747,10 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     log = (out / "train_log.jsonl").open("a")
     cap = min(c.max_drafts, 7)
     rng = __import__("random").Random(cfg.seed + step)
+    weights, mix_lines = draw_weights(data, cfg.mix)
+    cum_weights = list(itertools.accumulate(weights)) if weights else None
+    for line in mix_lines:
+        say(line)
     t0, losses, saved_at = time.perf_counter(), [], None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), disable=not progress) as bar:
         task = bar.add_task("distill", total=cfg.steps, completed=step)
@@ -699,7 +758,7 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
             if cfg.minutes and time.perf_counter() - t0 > 60 * cfg.minutes:
                 say(f"time budget of {cfg.minutes} min reached at step {step}")
                 break
-            batch = _training_batch(data, rng, cfg)
+            batch = _training_batch(data, rng, cfg, cum_weights)
             if batch is None:
                 continue
             ids, lengths, anchors = batch
