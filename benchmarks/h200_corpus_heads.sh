@@ -22,7 +22,7 @@
 # of memory), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
 # nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TRAIN=0
 # (stop after the generation: a session that only writes rows to commit), QUANT (the head kept,
-# evaluated and timed is the one stored at QUANT bits: below), TIMING (below).
+# evaluated and timed is the one stored at QUANT bits: below), TIMING (below), GRID (below).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 # MINUTES feeds shell arithmetic (the training's timeout): a fraction would fail there only after
@@ -52,6 +52,18 @@ mkdir -p "$run"; rm -rf "$run/.distill_done" "$run/.run_done" "$run/.collect"  #
 # SELF_KIND code, math or both as "code,math": N of each; SELF_SEED: a later round takes another
 # seed), put first in GEN_PROMPTS and brought back by h200_collect.sh with their log. 4,000 took
 # 196 s in batches of 256 (eleventh round), 105 s in batches of 1,024 (twelfth); 6,000 took 141 s.
+# GRID=8,16 (issue #10's precision grid): before anything else, while the GPU is idle, time INIT's
+# head (stored at INIT_BITS, default 4) on the target as loaded and on its copies at those
+# precisions (pipeline_speed.py --precisions: mlx_lm, greedy and ARMS at CAPS for each), into
+# precision.{json,log}, which h200_collect.sh brings back. The head the session starts from is
+# the one already committed, so the grid needs no training first.
+if [ -n "${GRID:-}" ]; then
+  [ -n "${INIT:-}" ] || { echo "GRID times INIT's head: set INIT=DIR (e.g. /root/ship/data/head)"; exit 2; }
+  python3 benchmarks/pipeline_speed.py --model "$model" --head "$INIT" --drafter-bits "${INIT_BITS:-4}" --caps "${CAPS:-$cap}" \
+    --limit 2 --max-new-tokens 128 --repeats 2 --no-compile --precisions "$GRID" ${ARMS:+--arms "$ARMS"} \
+    --json "$run/precision.json" > "$run/precision.log" 2>&1
+  echo "$name precision grid rc=$? at ${SECONDS}s"; grep -v "Warning\|INFO" "$run/precision.log" | tail -16
+fi
 if [ -n "${SELF_INSTRUCT:-}" ]; then
   : > "$run/self_instruct.log"; selfs=
   for kind in $(echo "${SELF_KIND:-code}" | tr ',' ' '); do

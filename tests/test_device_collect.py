@@ -52,6 +52,8 @@ def test_collect_returns_head_logs_and_generated_rows(run_dir, tmp_path):
     (run / "distill.log").write_text("log")
     (run / "self_instruct.log").write_text("4000 requests")  # SELF_INSTRUCT: what the target wrote itself
     (run / "self_code_s1.jsonl.gz").write_bytes(b"requests")
+    (run / "precision.json").write_text("{}")  # GRID: the committed head timed at each precision
+    (run / "precision.log").write_text("grid")
     rows = [{"ids": [1, 2], "prompt_len": 1, "generation": "greedy-batched"},
             {"ids": [3, 4], "prompt_len": 1, "generation": "corpus"},
             {"ids": [5, 6], "prompt_len": 1, "generation": "greedy"}]
@@ -67,7 +69,8 @@ def test_collect_returns_head_logs_and_generated_rows(run_dir, tmp_path):
         "sha256": hashlib.sha256(weights).hexdigest(), "parts": 2, "size": len(weights)}
     assert json.loads((out / "config.json").read_text()) == {"block_size": 5}
     with tarfile.open(out / "results.tar.gz") as tar:
-        assert sorted(tar.getnames()) == ["README.md", "distill.log", "generated.jsonl", "self_code_s1.jsonl.gz", "self_instruct.log"]
+        assert sorted(tar.getnames()) == ["README.md", "distill.log", "generated.jsonl", "precision.json", "precision.log",
+                                          "self_code_s1.jsonl.gz", "self_instruct.log"]
         generated = [json.loads(line) for line in tar.extractfile("generated.jsonl").read().decode().splitlines()]
     assert [r["ids"] for r in generated] == [[1, 2], [5, 6]]
 

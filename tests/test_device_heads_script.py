@@ -126,3 +126,16 @@ def test_mix_reaches_the_training_run_as_one_argument(tmp_path):
     (tmp_path / "plain").mkdir()
     _, calls, _ = run_script(tmp_path / "plain")
     assert not any("--mix" in c for c in calls)
+
+
+def test_grid_times_the_init_head_at_each_precision_before_training(tmp_path):
+    out, calls, run = run_script(tmp_path, GRID="8,16", INIT="/root/ship/data/head", CAPS="4,7", ARMS="pipe+lk+cd")
+    grid, train = calls[0], calls[1]
+    assert "pipeline_speed.py" in grid and "--head /root/ship/data/head --drafter-bits 4 " in grid
+    assert "--precisions 8,16" in grid and "--caps 4,7" in grid and "--arms pipe+lk+cd" in grid
+    assert f"--json {run}/precision.json" in grid and "--tokens 0" in train and "--init /root/ship/data/head" in train
+    assert "precision grid rc=0" in out
+    (tmp_path / "no_init").mkdir()
+    with pytest.raises(subprocess.CalledProcessError) as e:  # nothing to time without a head
+        run_script(tmp_path / "no_init", GRID="8,16")
+    assert "GRID times INIT's head: set INIT=DIR" in e.value.stdout

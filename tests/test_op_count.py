@@ -121,10 +121,63 @@ def test_pipeline_speed_times_a_dequantized_copy_beside_the_quantized_target(tmp
     r = mod.main(["--model", str(model), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
                   "--max-new-tokens", "8", "--repeats", "1", "--no-compile", "--copy-mib", "16", "--dequantized"])
     rows = {row["arm"]: row for row in r["rows"]}
-    assert {"dq:greedy", "dq:pipe+cd@3"} <= set(rows)
-    assert rows["dq:greedy"]["identical_to_greedy"] == "1/1" and rows["dq:pipe+cd@3"]["identical_to_plain_loop"] is None
+    assert {"dq:mlx_lm", "dq:greedy", "dq:pipe+cd@3"} <= set(rows)
+    assert rows["dq:greedy"]["identical_to_greedy"] == "1/1" and rows["dq:pipe+cd@3"]["identical_to_greedy"] == "1/1"
+    assert rows["dq:pipe+cd@3"]["identical_to_plain_loop"] is None  # no plain-loop arm on the copy was asked for
     dq = rows["dq:greedy"]
     assert dq["fraction_of_limit"] > dq["tok_s"] / r["limit_tok_s"] * 1.01  # the copy reads more bytes: a lower limit
+    assert r["copies"]["dq:"]["weight_bytes"] > r["weight_bytes"]
+
+
+def test_pipeline_speed_precision_grid_times_each_precision_against_its_own_greedy(tmp_path):
+    """--precisions 8,16 with --arms: every precision gets mlx_lm, greedy and the arms asked for; a
+    copy's speculative arms equal that copy's greedy token for token and are divided by it; the
+    8-bit copy reads more bytes than the 4-bit file and fewer than the float one, and its greedy,
+    on other weights, is counted against the as-loaded greedy, never classified as a tie or a bug."""
+    from dspark_lab.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    head = build_tiny_dspark(tmp_path / "head", model, block_size=4)
+    mod = _benchmark("pipeline_speed")
+    r = mod.main(["--model", str(model), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
+                  "--max-new-tokens", "8", "--repeats", "1", "--no-compile", "--copy-mib", "16", "--precisions", "8,16",
+                  "--arms", "pipe+lk+cd"])
+    rows = {row["arm"]: row for row in r["rows"]}
+    assert set(rows) == {f"{p}{a}" for p in ("", "q8:", "dq:") for a in ("mlx_lm", "greedy", "pipe+lk+cd@3")}
+    for p in ("", "q8:", "dq:"):
+        spec = rows[f"{p}pipe+lk+cd@3"]
+        assert spec["identical_to_greedy"] == "1/1" and spec["differences_from_greedy"] == []
+        assert spec["vs_greedy"] == pytest.approx(spec["tok_s"] / rows[f"{p}greedy"]["tok_s"], rel=1e-2)
+        assert spec["vs_mlx_lm"] == pytest.approx(spec["tok_s"] / rows[f"{p}mlx_lm"]["tok_s"], rel=1e-2)
+    assert r["weight_bytes"] < r["copies"]["q8:"]["weight_bytes"] < r["copies"]["dq:"]["weight_bytes"]
+    assert rows["q8:greedy"]["other_weights"] and rows["q8:greedy"]["not_ties"] == 0
+    assert not rows["dq:greedy"]["other_weights"]
+    with pytest.raises(SystemExit, match="--precisions.*choose from 8 and 16"):
+        mod.main(["--model", str(model), "--head", str(head), "--precisions", "4"])
+
+
+def test_load_target_quantize_stores_the_layers_at_those_bits(tmp_path):
+    """load_target(quantize=8) on a 4-bit file: 8-bit layers holding nearly the same values (logits
+    close to the file's), in more bytes; unsupported bits are refused with the choices."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from dspark_lab import load_target
+    from dspark_lab.engine.loading import LoadError
+    from dspark_lab.lab.bandwidth import decode_bytes
+    from dspark_lab.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    q4, _ = load_target(model)
+    q8, _ = load_target(model, quantize=8)
+    bits = {m.bits for _, m in q8.model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    assert bits == {8}
+    assert decode_bytes(q4)[0] < decode_bytes(q8)[0]
+    ids = mx.array([[1, 5, 9, 13, 2, 7]])
+    a, b = q4.model(ids), q8.model(ids)
+    assert mx.allclose(a, b, atol=0.05 * mx.abs(a).max().item()).item()
+    with pytest.raises(LoadError, match="quantize=7 is not supported.*2, 3, 4, 5, 6, 8"):
+        load_target(model, quantize=7)
 
 
 def test_chain_agreement_counts_where_text_leaves_the_targets_path(tiny_dirs, tmp_path):

@@ -288,6 +288,7 @@ def load_target(
     dtype: str | None = None,
     taps: Sequence[int] | None = None,
     dequantize: bool = False,
+    quantize: int | None = None,
 ):
     """Load a causal LM as a `Target` plus its tokenizer (mlx-lm's TokenizerWrapper).
     A multimodal checkpoint loads through mlx-vlm and runs as its language model (text only).
@@ -299,7 +300,11 @@ def load_target(
     reproduces the model's logits. `dequantize`
     turns a quantized model's layers into plain ones holding the same weights (mlx-lm's
     dequantize_model): the same model in more memory, for work at large batch sizes, where
-    dense matmuls beat the quantized kernels (docs/performance.md, tenth round). Half-precision
+    dense matmuls beat the quantized kernels (docs/performance.md, tenth round). `quantize` stores
+    the model's layers at that many bits on load (mlx-lm's quantize_model, groups of 64), a
+    quantized model's after dequantizing them: how a benchmark times one model at 4 and 8 bits
+    without a second download (the 8-bit copy of a 4-bit file holds its values up to rounding,
+    in twice the bytes). Half-precision
     weights left as they are on MLX's CPU backend give a SlowDtypeWarning that says so."""
     from .target import Target
 
@@ -323,11 +328,18 @@ def load_target(
         mx.eval(model.parameters())
     elif advice := cpu_dtype_advice(model, str(repo_or_path)):
         warnings.warn(advice, SlowDtypeWarning, stacklevel=2)
-    if dequantize:
+    if quantize is not None and quantize not in SUPPORTED_QUANT_BITS:
+        raise LoadError(f"quantize={quantize} is not supported; use one of {', '.join(map(str, SUPPORTED_QUANT_BITS))} (or leave it unset to keep the weights as stored).")
+    if dequantize or quantize is not None:
         import mlx.core as mx
         from mlx_lm.utils import dequantize_model
 
-        model = dequantize_model(model)
+        model = dequantize_model(model)  # a float model passes through unchanged
+        if quantize is not None:
+            from mlx_lm.utils import quantize_model
+
+            config = {k: v for k, v in config.items() if k not in ("quantization", "quantization_config")}
+            model, config = quantize_model(model, config, group_size=64, bits=quantize)
         mx.eval(model.parameters())
     target = Target(model, config, name=str(repo_or_path), kv_bits=kv_bits)
     if taps is not None:
