@@ -7,6 +7,7 @@ says what is wrong and how to fix it, and a traceback would only bury it.
 from __future__ import annotations
 
 import functools
+import shlex
 import sys
 import tempfile
 import warnings
@@ -584,7 +585,7 @@ def distill(
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, intermediate_size=intermediate_size, prompts=prompts,
                         tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
-                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, chain_slots=chain_slots, target_weights=target_weights, compute_dtype=compute_dtype, cache_gb=cache_gb, init=str(init or ""), mix=mix, command="dspark-lab " + " ".join(sys.argv[1:]))
+                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, chain_slots=chain_slots, target_weights=target_weights, compute_dtype=compute_dtype, cache_gb=cache_gb, init=str(init or ""), mix=mix, command="dspark-lab " + shlex.join(sys.argv[1:]))  # quoted: the card's command pastes into a shell (--mix '*code*=2')
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     if data_only:  # no head yet: the next step is training on the data
         out.print(f"training data in {path / 'data.jsonl'}; train with the same command without --data-only")

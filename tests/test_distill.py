@@ -855,3 +855,23 @@ def test_a_mixed_run_trains_and_says_its_mix(tiny_dirs, tmp_path):
     assert '"mix": "code=3"' in (out / "README.md").read_text()  # the card records how the rows were drawn
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert len(log) == 12
+
+
+def test_the_cards_command_pastes_into_a_shell(tiny_dirs, tmp_path, monkeypatch):
+    """The card's command is quoted for a shell: `--mix *code*=2` unquoted would be globbed there."""
+    import shlex
+    import sys
+
+    from typer.testing import CliRunner
+
+    from dspark_lab.cli import app
+
+    out = tmp_path / "head"
+    args = ["distill", "-m", str(tiny_dirs["qwen3"]), "--out", str(out), "--block", "4", "--layers", "1", "--markov-rank", "0",
+            "--prompts", "code,math", "--tokens", "200", "--max-new-tokens", "20", "--steps", "3", "--anchors", "8",
+            "--eval-every", "100", "--mix", "*code*=2"]
+    monkeypatch.setattr(sys, "argv", ["dspark-lab", *args])
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    command = next(line for line in (out / "README.md").read_text().splitlines() if line.startswith("- Command: "))
+    assert "--mix '*code*=2'" in command and shlex.split(command.split("`")[1])[1:] == args
