@@ -22,7 +22,7 @@
 # of memory), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
 # nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TRAIN=0
 # (stop after the generation: a session that only writes rows to commit), QUANT (the head kept,
-# evaluated and timed is the one stored at QUANT bits: below), TIMING (below), GRID (below).
+# evaluated and timed is the one stored at QUANT bits: below), TIMING, GRID and SWEEP (below).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 # MINUTES feeds shell arithmetic (the training's timeout): a fraction would fail there only after
@@ -126,6 +126,16 @@ case ${TIMING:-overlap} in
        --limit 2 --max-new-tokens 128 --repeats 2 --json "$run/overlap.json" > "$run/timing.log" 2>&1; rc=$? ;;
 esac
 [ -n "$rc" ] && { echo "$name timing rc=$rc at ${SECONDS}s"; grep -v Warning "$run/timing.log" | tail -12; }
+# SWEEP=1: the lab's own sweep of the kept head (`dspark-lab sweep`: baseline, lookup, and
+# dspark-pipe with device-side lookup and the compiled draft, at CAPS; SWEEP_PROMPTS prompts of each
+# built-in set, default 2; 2 trials after a warm-up), device-stamped, into sweep.json: the result JSON
+# that `dspark-lab ingest` merges here and `dspark-lab report --png` draws (issue #10's evidence).
+if [ "${SWEEP:-0}" = 1 ]; then
+  python3 -m dspark_lab sweep -m "$model" -d "$head" --drafter-bits "$bits" --modes lookup,dspark-pipe --pipe-lookup --compile-draft \
+    --caps "${CAPS:-$cap}" --prompt-limit "${SWEEP_PROMPTS:-2}" --trials 2 -n 128 --db "$run/sweep.duckdb" --json "$run/sweep.json" \
+    > "$run/sweep.log" 2>&1
+  echo "$name sweep rc=$? at ${SECONDS}s"; tail -2 "$run/sweep.log"
+fi
 [ -n "${QUANT:-}" ] && evaluate "$run" 16 "$run/eval_float.json" "$run/eval_float.log"
 touch "$run/.run_done"  # a waiting poll (h200_collect.sh WAIT=) returns now
 echo "$name done"

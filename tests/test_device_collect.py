@@ -54,6 +54,7 @@ def test_collect_returns_head_logs_and_generated_rows(run_dir, tmp_path):
     (run / "self_code_s1.jsonl.gz").write_bytes(b"requests")
     (run / "precision.json").write_text("{}")  # GRID: the committed head timed at each precision
     (run / "precision.log").write_text("grid")
+    (run / "sweep.json").write_text("{}")  # SWEEP: the lab's sweep of the kept head, a result JSON to ingest
     rows = [{"ids": [1, 2], "prompt_len": 1, "generation": "greedy-batched"},
             {"ids": [3, 4], "prompt_len": 1, "generation": "corpus"},
             {"ids": [5, 6], "prompt_len": 1, "generation": "greedy"}]
@@ -70,7 +71,7 @@ def test_collect_returns_head_logs_and_generated_rows(run_dir, tmp_path):
     assert json.loads((out / "config.json").read_text()) == {"block_size": 5}
     with tarfile.open(out / "results.tar.gz") as tar:
         assert sorted(tar.getnames()) == ["README.md", "distill.log", "generated.jsonl", "precision.json", "precision.log",
-                                          "self_code_s1.jsonl.gz", "self_instruct.log"]
+                                          "self_code_s1.jsonl.gz", "self_instruct.log", "sweep.json"]
         generated = [json.loads(line) for line in tar.extractfile("generated.jsonl").read().decode().splitlines()]
     assert [r["ids"] for r in generated] == [[1, 2], [5, 6]]
 
