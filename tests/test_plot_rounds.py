@@ -52,3 +52,27 @@ def test_files_without_evaluated_prompts_are_a_clear_error(tmp_path):
     empty.write_text(json.dumps({"model": "m", "rows": []}))
     with pytest.raises(SystemExit):
         plot.main([str(empty), "--out", str(tmp_path / "x.png")])
+
+
+def test_precision_grid_is_summarized_per_precision_and_rendered(tmp_path):
+    """benchmarks/plot_precision_grid.py: pipeline_speed's --precisions JSON as one row per arm and
+    precision, speculative arms marked, and a PNG; a run without copies is refused with the fix."""
+    spec = importlib.util.spec_from_file_location("plot_precision_grid", Path(__file__).resolve().parents[1] / "benchmarks" / "plot_precision_grid.py")
+    grid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid)
+    rows = [{"arm": a, "tok_s": t, "vs_greedy": g, "fraction_of_limit": f} for a, t, g, f in [
+        ("mlx_lm", 290.0, 0.94, 0.031), ("greedy", 309.0, 1.0, 0.033), ("pipe+lk+cd@7", 468.0, 1.51, 0.05),
+        ("q8:greedy", 292.0, 0.94, 0.059), ("q8:pipe+lk+cd@7", 526.0, 1.80, 0.107), ("dq:greedy", 232.0, 0.75, 0.089)]]
+    result = {"model": "/m/qwen2.5-coder-0.5b-q4-bfloat16", "head": "/h/head", "prompts": 6, "max_new_tokens": 128, "repeats": 2,
+              "device": "Device(gpu, 0)", "rows": rows, "copies": {"q8:": {}, "dq:": {}}}
+    path = tmp_path / "precision.json"
+    path.write_text(json.dumps(result))
+    out = tmp_path / "grid.png"
+    got = grid.main([str(path), "--out", str(out)])
+    assert [(r["precision"], r["arm"], r["speculative"]) for r in got] == [
+        ("as loaded (4-bit)", "mlx_lm", False), ("as loaded (4-bit)", "greedy", False), ("as loaded (4-bit)", "pipe+lk+cd@7", True),
+        ("8-bit copy", "greedy", False), ("8-bit copy", "pipe+lk+cd@7", True), ("dequantized copy", "greedy", False)]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    path.write_text(json.dumps({**result, "copies": {}}))
+    with pytest.raises(SystemExit):
+        grid.main([str(path), "--out", str(out)])
