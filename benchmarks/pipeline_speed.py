@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-compile", action="store_true", help="leave out the compiled greedy arm")
-    ap.add_argument("--precisions", default="", help="also time copies of the target at these precisions: 16 (bfloat16), 8 (8-bit); e.g. 8,16")
+    ap.add_argument("--precisions", default="", help="also time copies of the target at these precisions: 16 (dequantized: bfloat16 for bfloat16 scales), 8 (8-bit); e.g. 8,16")
     ap.add_argument("--dequantized", action="store_true", help="the same as --precisions 16")
     ap.add_argument("--copy-mib", type=int, default=1024, help="array size for the copy-bandwidth measurement")
     ap.add_argument("--arms", default="", help="only these speculative arms, by name without the cap (e.g. dspark,pipe,pipe+cd); "
