@@ -339,6 +339,7 @@ def sweep(
     launch_every: LaunchEveryOpt = "0",
     pipe_lookup: Annotated[bool, typer.Option(help="dspark-pipe arms add n-gram lookup drafts matched on the device.")] = False,
     compile_draft: Annotated[bool, typer.Option(help="dspark-pipe arms draft through one compiled trace per round (greedy).")] = False,
+    precisions: Annotated[str, typer.Option(help="Comma-separated: as-loaded, dequantized, or weight bits (4, 8, ...): each model runs at each, stored that way on load (no second download); the trials of a precision other than as-loaded carry the model id MODEL@q8 or MODEL@dequantized, with their own baseline and speedups.")] = "as-loaded",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -354,7 +355,7 @@ def sweep(
         cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
-                          launch_every=launch_every, pipe_lookup=pipe_lookup, compile_draft=compile_draft)
+                          launch_every=launch_every, pipe_lookup=pipe_lookup, compile_draft=compile_draft, precisions=_csv(precisions))
     def event(msg: str) -> None:
         if verbose or not msg.startswith("stored"):
             err.print(f"[dim]{msg}[/]", highlight=False)
@@ -445,9 +446,10 @@ def benchmark(
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too); float32 is fastest on CPU.")] = None,
     launch_every: LaunchEveryOpt = "0",
+    precisions: Annotated[str, typer.Option(help="Comma-separated: as-loaded, dequantized, or weight bits (4, 8, ...): each model runs at each, stored that way on load (no second download); the trials of a precision other than as-loaded carry the model id MODEL@q8 or MODEL@dequantized, with their own baseline and speedups.")] = "as-loaded",
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
-    speedup (with its 95% CI) and acceptance per domain."""
+    speedup (with its 95% CI) and acceptance per domain (per precision, with --precisions)."""
     from .db import open_db
     from .db.queries import summary
     from .lab.results import export_run
@@ -458,17 +460,20 @@ def benchmark(
         modes.append("lookup")
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
-                      launch_every=launch_every)
+                      launch_every=launch_every, precisions=_csv(precisions))
     rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith("stored") else err.print(f"[dim]{m}[/]", highlight=False))
     engine = open_db(db)
     try:
-        table = Table("mode", "cap", "domain", "tok/s", "baseline tok/s", "speedup (95% CI)", "mean accept", "lossless", title=f"run {rid} on {db}")
+        several = len(cfg.precisions) > 1  # then each row says which precision it ran at
+        table = Table(*["precision"] * several, "mode", "cap", "domain", "tok/s", "baseline tok/s", "speedup (95% CI)", "mean accept", "lossless",
+                      title=f"run {rid} on {db}")
         for r in summary(engine, run_ids=[rid]).iter_rows(named=True):
             if r["mode"] == "baseline":
                 continue
             lossless = f"{r['lossless_trials']}/{r['trials']}" + (" [red]NOT LOSSLESS[/]" if r["not_lossless_trials"] else "")
             num = lambda x, spec=".2f": "-" if x is None else format(x, spec)  # noqa: E731 - no baseline match gives None
-            table.add_row(r["mode"], str(r["cap"]), r["domain"], num(r["median_tok_s"], ".1f"), num(r["baseline_median_tok_s"], ".1f"),
+            precision = [r["model_id"].rpartition("@")[2] if "@" in r["model_id"] else "as-loaded"] * several
+            table.add_row(*precision, r["mode"], str(r["cap"]), r["domain"], num(r["median_tok_s"], ".1f"), num(r["baseline_median_tok_s"], ".1f"),
                           f"{num(r['speedup'])}x ({num(r['ci_lo'])}-{num(r['ci_hi'])})", num(r["mean_accept_len"]), lossless)
         out.print(table)
         if json_out is not None:

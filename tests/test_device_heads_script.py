@@ -151,3 +151,7 @@ def test_sweep_runs_the_labs_sweep_on_the_kept_head_before_the_float_evaluation(
     (tmp_path / "plain").mkdir()
     _, calls, _ = run_script(tmp_path / "plain", QUANT="4")
     assert not any("dspark_lab sweep" in c for c in calls)
+    assert "--precisions" not in sweep
+    (tmp_path / "grid").mkdir()
+    _, calls, _ = run_script(tmp_path / "grid", QUANT="4", SWEEP="1", SWEEP_PRECISIONS="as-loaded,8,dequantized")
+    assert "--precisions as-loaded,8,dequantized " in next(c for c in calls if "dspark_lab sweep" in c)

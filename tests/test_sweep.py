@@ -282,6 +282,7 @@ def test_grid_file(tiny_dirs, head, tmp_path):
     (dict(caps=["two"]), "is not a positive number or 'auto'"),
     (dict(trials=0), "must be >= 1"),
     (dict(models=[]), "needs at least one --model"),
+    (dict(precisions=["fp8"]), "precision 'fp8' is not one of as-loaded, dequantized or weight bits"),
 ])
 def test_bad_sweep_configs(tiny_dirs, head, kw, match):
     with pytest.raises(InputError, match=match):
@@ -298,7 +299,7 @@ def test_launch_every_changes_no_output_and_keeps_old_grid_keys(tiny_dirs, head,
     import hashlib
 
     legacy = asdict(plain)
-    del legacy["draft_models"], legacy["launch_every"], legacy["pipe_lookup"], legacy["compile_draft"]
+    del legacy["draft_models"], legacy["launch_every"], legacy["pipe_lookup"], legacy["compile_draft"], legacy["precisions"]
     assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
     outs = []
     for cfg, name in ((plain, "a"), (early, "b")):
@@ -331,7 +332,7 @@ def test_pipelined_arm_options_reach_the_loop_and_keep_old_grid_keys(tiny_dirs, 
     import hashlib
 
     legacy = asdict(plain)
-    for name in ("draft_models", "launch_every", "pipe_lookup", "compile_draft"):
+    for name in ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "precisions"):
         del legacy[name]
     assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
     db = tmp_path / "p.duckdb"
@@ -341,3 +342,47 @@ def test_pipelined_arm_options_reach_the_loop_and_keep_old_grid_keys(tiny_dirs, 
     assert lossless == [("baseline", None), ("dspark", True), ("dspark-pipe", True)]
     (stamp, config), = rows(db, "select device_stamp, config from runs")
     assert json.loads(config)["pipe_lookup"] is True and '"compile_draft": true' in stamp
+
+
+def test_each_precision_runs_as_a_model_of_its_own(tmp_path):
+    """precisions: a 4-bit model swept as loaded, at 8 bits and dequantized, each stored on load:
+    trials carry MODEL@q8 / MODEL@dequantized, each variant has its own baseline and every arm is
+    lossless against it; a resumed run finds nothing left; the grid key changes only when asked."""
+    from dspark_lab.lab.sweep import load_variant, model_variant
+    from dspark_lab.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    head = build_tiny_dspark(tmp_path / "head", model, block_size=4)
+    cfg = small_config(model, head, modes=["baseline", "lookup", "dspark"], caps=["2"], prompt_sets=["code"], prompt_limit=1,
+                       trials=1, max_new_tokens=8, precisions=["as-loaded", "8", "dequantized"])
+    assert cfg.key() != small_config(model, head, modes=["baseline", "lookup", "dspark"], caps=["2"], prompt_sets=["code"],
+                                     prompt_limit=1, trials=1, max_new_tokens=8).key()
+    db = tmp_path / "v.duckdb"
+    rid = run_sweep(cfg, db, progress=False)
+    ids = [str(model), f"{model}@q8", f"{model}@dequantized"]
+    assert [model_variant(str(model), p) for p in cfg.precisions] == ids
+    assert sorted(r[0] for r in rows(db, "select distinct model_id from trials")) == sorted(ids)
+    for model_id in ids:
+        assert rows(db, f"select count(*) from trials where model_id = '{model_id}' and mode = 'baseline'")[0][0] == 1
+        assert rows(db, f"select count(*), count(*) filter (where lossless) from trials where model_id = '{model_id}' and mode != 'baseline'")[0] == (2, 2)
+    import mlx.nn as nn
+
+    q8, _ = load_variant(f"{model}@q8")
+    assert {m.bits for _, m in q8.model.named_modules() if isinstance(m, nn.QuantizedLinear)} == {8}
+    dq, _ = load_variant(f"{model}@dequantized")
+    assert not any(isinstance(m, nn.QuantizedLinear) for _, m in dq.model.named_modules())
+    assert run_sweep(cfg, db, resume=rid, progress=False) == rid  # every cell of every variant found stored
+    assert rows(db, "select count(*) from trials")[0][0] == 9
+
+
+def test_benchmark_cli_gives_a_row_per_precision(tmp_path):
+    from dspark_lab.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    r = runner.invoke(app, ["benchmark", "-m", str(model), "--caps", "2", "--trials", "1", "--prompts", "code", "--prompt-limit", "1",
+                            "-n", "8", "--db", str(tmp_path / "b.duckdb"), "--precisions", "as-loaded,8"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    table = r.output[r.output.index("preci"):]  # the column, however narrow the console draws it
+    assert "as-lo" in table and "q8" in table and table.count("lookup") == 2
+    bad = runner.invoke(app, ["benchmark", "-m", str(model), "--precisions", "fp8", "--db", str(tmp_path / "c.duckdb")])
+    assert bad.exit_code != 0 and "precision 'fp8' is not one of" in bad.output

@@ -34,6 +34,12 @@ HEAD_MODES = ("dspark", "dspark-pipe", "dflash")  # modes that need a drafter he
 # draft model through the same loop.
 DRAFT_MODES = ("draft", "draft-pipe")  # modes that need a draft model
 AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size (lookup, a draft model)
+# A sweep's precisions: each model also runs stored another way, made on load (no second download):
+# "as-loaded", "dequantized" (a quantized model's layers as float matrices), or weight bits
+# (quantized on load, groups of 64; a quantized model's layers dequantized first). Trials of a
+# precision other than as-loaded carry the model id with its label, MODEL@q8 or MODEL@dequantized:
+# their own baseline, speedups, cost curves and registry entry.
+AS_LOADED, DEQUANTIZED = "as-loaded", "dequantized"
 
 
 @dataclass
@@ -54,10 +60,12 @@ class SweepConfig:
     launch_every: int | str = 0  # Target.launch_every for every arm, the baseline included; "auto": lab/launch_probe.py
     pipe_lookup: bool = False  # dspark-pipe arms add device-side n-gram lookup drafts (engine/pipeline.DeviceLookup)
     compile_draft: bool = False  # dspark-pipe arms draft through one compiled trace per round
+    precisions: list[str] = field(default_factory=lambda: [AS_LOADED])  # each model at each (AS_LOADED above)
 
     def __post_init__(self) -> None:
         if not self.models:
             raise InputError("a sweep needs at least one --model.")
+        self.precisions = [check_precision(p) for p in self.precisions] or [AS_LOADED]
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise InputError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}.")
@@ -88,7 +96,39 @@ class SweepConfig:
         for name in ("pipe_lookup", "compile_draft"):
             if not fields[name]:
                 del fields[name]  # and before these
+        if fields["precisions"] == [AS_LOADED]:
+            del fields["precisions"]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_precision(precision) -> str:
+    """A precision as the grid names it: as-loaded, dequantized, or supported weight bits ("8")."""
+    from ..engine.loading import SUPPORTED_QUANT_BITS
+
+    name = str(precision).strip().lower()
+    if name in (AS_LOADED, DEQUANTIZED) or (name.isdigit() and int(name) in SUPPORTED_QUANT_BITS):
+        return name
+    raise InputError(f"precision {precision!r} is not one of {AS_LOADED}, {DEQUANTIZED} or weight bits "
+                     f"({', '.join(map(str, SUPPORTED_QUANT_BITS))}); e.g. --precisions {AS_LOADED},8,{DEQUANTIZED}.")
+
+
+def model_variant(model: str, precision: str) -> str:
+    """The model id a precision's trials carry: the model as given, or MODEL@q8 / MODEL@dequantized."""
+    if precision == AS_LOADED:
+        return model
+    return f"{model}@{DEQUANTIZED if precision == DEQUANTIZED else 'q' + precision}"
+
+
+def load_variant(model_id: str, dtype: str | None = None):
+    """load_target for a model id model_variant made: the model, stored as its label says."""
+    from ..engine import load_target
+
+    path, _, label = model_id.rpartition("@")
+    if path and label == DEQUANTIZED:
+        return load_target(path, dtype=dtype, dequantize=True)
+    if path and label[:1] == "q" and label[1:].isdigit():
+        return load_target(path, dtype=dtype, quantize=int(label[1:]))
+    return load_target(model_id, dtype=dtype)
 
 
 def load_grid(path: str | Path) -> SweepConfig:
@@ -224,8 +264,9 @@ def run_sweep(
 
     status = "interrupted"
     try:
-        for model_id in cfg.models:
-            _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say)
+        for model in cfg.models:
+            for precision in cfg.precisions:
+                _sweep_model(cfg, model_variant(model, precision), sets, engine, run_id, done, progress, say)
         status = "finished"
     except Exception:
         status = "failed"
@@ -250,7 +291,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
     from .calibrate import calibrate
     from .controller import DEFAULT_ACCEPTANCE, CapController
 
-    target, tok = load_target(model_id, dtype=cfg.dtype)
+    target, tok = load_variant(model_id, cfg.dtype)
     if cfg.launch_every == "auto":
         from .launch_probe import choose_launch_every
 
