@@ -85,6 +85,8 @@ def chart(rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    from dspark_lab.reports.charts import save_chart
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path, help="lossless_check.py --out JSON files")
     ap.add_argument("--out", type=Path, required=True, help="the chart (.png, or .html / .json for the Vega-Lite spec)")
@@ -93,12 +95,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not rows:
         ap.error("none of the files holds an evaluated prompt (rows with mean_accept)")
     spec = chart(rows)
-    if a.out.suffix == ".png":
-        import vl_convert as vlc
-
-        a.out.write_bytes(vlc.vegalite_to_png(spec.to_dict(), scale=1.0, allowed_base_urls=[]))
-    else:
-        spec.save(str(a.out))
+    save_chart(spec, a.out)
     print(f"{len(rows)} bars over {len({r['model'] for r in rows})} model(s) -> {a.out}")
     return rows
 

@@ -59,6 +59,8 @@ def chart(rows: list[dict], title: str):
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    from dspark_lab.reports.charts import save_chart
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("result", type=Path, help="pipeline_speed.py --precisions ... --json file")
     ap.add_argument("--out", type=Path, required=True, help="the chart (.png, or .html / .json for the Vega-Lite spec)")
@@ -70,12 +72,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     name = Path(result["model"].rstrip("/")).name
     spec = chart(rows, f"{name} with {Path(result['head'].rstrip('/')).name}: {result['prompts']} prompts, "
                        f"{result['max_new_tokens']} tokens, {result['repeats']} repeats, {result['device']}")
-    if a.out.suffix == ".png":
-        import vl_convert as vlc
-
-        a.out.write_bytes(vlc.vegalite_to_png(spec.to_dict(), scale=1.0, allowed_base_urls=[]))
-    else:
-        spec.save(str(a.out))
+    save_chart(spec, a.out)
     print(f"{len(rows)} arms at {len({r['precision'] for r in rows})} precisions -> {a.out}")
     return rows
 

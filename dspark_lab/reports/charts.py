@@ -327,3 +327,17 @@ def noise_chart(trials: pl.DataFrame) -> alt.FacetChart | None:
     # Each model on each machine gets its own axes: its arms, and its own tok/s range.
     return layers.facet(row=_row()).resolve_scale(x="independent", y="independent").properties(
         title="Noise: decode tok/s of every trial per arm (box: min-max and quartiles)")
+
+
+def save_chart(chart: alt.TopLevelMixin, out) -> None:
+    """A chart to a file by its suffix: .png rendered offline (vl-convert; every chart's data is
+    inline, so no URL may be fetched), anything else as altair saves it (.html, .json spec)."""
+    from pathlib import Path
+
+    out = Path(out)
+    if out.suffix == ".png":
+        import vl_convert as vlc
+
+        out.write_bytes(vlc.vegalite_to_png(chart.to_dict(), scale=1.0, allowed_base_urls=[]))
+    else:
+        chart.save(str(out))
