@@ -72,6 +72,7 @@ class Mode(str, Enum):
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (modes draft and draft-pipe), directory or repo id.")]
 LaunchEveryOpt = Annotated[str, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off; auto: probe once for this model on this machine, store the verdict in --db and reuse it); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
+PrecisionsOpt = Annotated[str, typer.Option(help="Comma-separated: as-loaded, dequantized, or weight bits (4, 8, ...): each model runs at each, stored that way on load (no second download); the trials of a precision other than as-loaded carry the model id MODEL@q8 or MODEL@dequantized, with their own baseline and speedups.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
@@ -339,7 +340,7 @@ def sweep(
     launch_every: LaunchEveryOpt = "0",
     pipe_lookup: Annotated[bool, typer.Option(help="dspark-pipe arms add n-gram lookup drafts matched on the device.")] = False,
     compile_draft: Annotated[bool, typer.Option(help="dspark-pipe arms draft through one compiled trace per round (greedy).")] = False,
-    precisions: Annotated[str, typer.Option(help="Comma-separated: as-loaded, dequantized, or weight bits (4, 8, ...): each model runs at each, stored that way on load (no second download); the trials of a precision other than as-loaded carry the model id MODEL@q8 or MODEL@dequantized, with their own baseline and speedups.")] = "as-loaded",
+    precisions: PrecisionsOpt = "as-loaded",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -446,14 +447,14 @@ def benchmark(
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too); float32 is fastest on CPU.")] = None,
     launch_every: LaunchEveryOpt = "0",
-    precisions: Annotated[str, typer.Option(help="Comma-separated: as-loaded, dequantized, or weight bits (4, 8, ...): each model runs at each, stored that way on load (no second download); the trials of a precision other than as-loaded carry the model id MODEL@q8 or MODEL@dequantized, with their own baseline and speedups.")] = "as-loaded",
+    precisions: PrecisionsOpt = "as-loaded",
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
     speedup (with its 95% CI) and acceptance per domain (per precision, with --precisions)."""
     from .db import open_db
     from .db.queries import summary
     from .lab.results import export_run
-    from .lab.sweep import SweepConfig, run_sweep
+    from .lab.sweep import SweepConfig, run_sweep, split_variant
 
     modes = ["baseline"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft", "draft-pipe"] if draft_model else [])
     if len(modes) == 1:  # nothing to pair with: measure lookup, which needs no drafter
@@ -472,7 +473,7 @@ def benchmark(
                 continue
             lossless = f"{r['lossless_trials']}/{r['trials']}" + (" [red]NOT LOSSLESS[/]" if r["not_lossless_trials"] else "")
             num = lambda x, spec=".2f": "-" if x is None else format(x, spec)  # noqa: E731 - no baseline match gives None
-            precision = [r["model_id"].rpartition("@")[2] if "@" in r["model_id"] else "as-loaded"] * several
+            precision = [split_variant(r["model_id"])[1]] * several
             table.add_row(*precision, r["mode"], str(r["cap"]), r["domain"], num(r["median_tok_s"], ".1f"), num(r["baseline_median_tok_s"], ".1f"),
                           f"{num(r['speedup'])}x ({num(r['ci_lo'])}-{num(r['ci_hi'])})", num(r["mean_accept_len"]), lossless)
         out.print(table)

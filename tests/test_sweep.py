@@ -348,7 +348,7 @@ def test_each_precision_runs_as_a_model_of_its_own(tmp_path):
     """precisions: a 4-bit model swept as loaded, at 8 bits and dequantized, each stored on load:
     trials carry MODEL@q8 / MODEL@dequantized, each variant has its own baseline and every arm is
     lossless against it; a resumed run finds nothing left; the grid key changes only when asked."""
-    from dspark_lab.lab.sweep import load_variant, model_variant
+    from dspark_lab.lab.sweep import load_variant, model_variant, split_variant
     from dspark_lab.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
@@ -361,6 +361,8 @@ def test_each_precision_runs_as_a_model_of_its_own(tmp_path):
     rid = run_sweep(cfg, db, progress=False)
     ids = [str(model), f"{model}@q8", f"{model}@dequantized"]
     assert [model_variant(str(model), p) for p in cfg.precisions] == ids
+    assert [split_variant(i) for i in ids] == [(str(model), "as-loaded"), (str(model), "q8"), (str(model), "dequantized")]
+    assert split_variant("/models/me@work/m") == ("/models/me@work/m", "as-loaded")  # an @ in a path is no label
     assert sorted(r[0] for r in rows(db, "select distinct model_id from trials")) == sorted(ids)
     for model_id in ids:
         assert rows(db, f"select count(*) from trials where model_id = '{model_id}' and mode = 'baseline'")[0][0] == 1

@@ -303,8 +303,8 @@ def load_target(
     dense matmuls beat the quantized kernels (docs/performance.md, tenth round). `quantize` stores
     the model's layers at that many bits on load (mlx-lm's quantize_model, groups of 64), a
     quantized model's after dequantizing them: how a benchmark times one model at 4 and 8 bits
-    without a second download (the 8-bit copy of a 4-bit file holds its values up to rounding,
-    in twice the bytes). Half-precision
+    without a second download (the 8-bit copy of a 4-bit file holds values within a quarter of a
+    4-bit step of its own, in twice the bytes). Half-precision
     weights left as they are on MLX's CPU backend give a SlowDtypeWarning that says so."""
     from .target import Target
 

@@ -119,16 +119,25 @@ def model_variant(model: str, precision: str) -> str:
     return f"{model}@{DEQUANTIZED if precision == DEQUANTIZED else 'q' + precision}"
 
 
+def split_variant(model_id: str) -> tuple[str, str]:
+    """The inverse of model_variant: (model, label), the label as-loaded, dequantized or qN. An id
+    whose text after its last @ is no such label is a model as given (a path may hold an @)."""
+    path, _, label = model_id.rpartition("@")
+    if path and (label == DEQUANTIZED or (label[:1] == "q" and label[1:].isdigit())):
+        return path, label
+    return model_id, AS_LOADED
+
+
 def load_variant(model_id: str, dtype: str | None = None):
     """load_target for a model id model_variant made: the model, stored as its label says."""
     from ..engine import load_target
 
-    path, _, label = model_id.rpartition("@")
-    if path and label == DEQUANTIZED:
+    path, label = split_variant(model_id)
+    if label == DEQUANTIZED:
         return load_target(path, dtype=dtype, dequantize=True)
-    if path and label[:1] == "q" and label[1:].isdigit():
+    if label != AS_LOADED:
         return load_target(path, dtype=dtype, quantize=int(label[1:]))
-    return load_target(model_id, dtype=dtype)
+    return load_target(path, dtype=dtype)
 
 
 def load_grid(path: str | Path) -> SweepConfig:
