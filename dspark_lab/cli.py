@@ -357,7 +357,11 @@ def sweep(
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
                           launch_every=launch_every, pipe_lookup=pipe_lookup, compile_draft=compile_draft, precisions=_csv(precisions))
+    from .lab.sweep import MISMATCH_WORDS
+
     def event(msg: str) -> None:
+        if msg.startswith(MISMATCH_WORDS):  # the sweep has printed it in colour already
+            return
         if verbose or not msg.startswith("stored"):
             err.print(f"[dim]{msg}[/]", highlight=False)
 
@@ -454,7 +458,7 @@ def benchmark(
     from .db import open_db
     from .db.queries import summary
     from .lab.results import export_run
-    from .lab.sweep import SweepConfig, run_sweep, split_variant
+    from .lab.sweep import MISMATCH_WORDS, SweepConfig, run_sweep, split_variant
 
     modes = ["baseline"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft", "draft-pipe"] if draft_model else [])
     if len(modes) == 1:  # nothing to pair with: measure lookup, which needs no drafter
@@ -462,7 +466,7 @@ def benchmark(
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
                       launch_every=launch_every, precisions=_csv(precisions))
-    rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith("stored") else err.print(f"[dim]{m}[/]", highlight=False))
+    rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith(("stored", *MISMATCH_WORDS)) else err.print(f"[dim]{m}[/]", highlight=False))
     engine = open_db(db)
     try:
         several = len(cfg.precisions) > 1  # then each row says which precision it ran at

@@ -3,7 +3,7 @@ logit dtype can be ordered either way by kernels of different widths on a GPU.""
 
 import pytest
 
-from dspark_lab.lab.lossless import first_divergence, is_numerical_tie, rounding_step
+from dspark_lab.lab.lossless import first_divergence, is_numerical_tie, is_tie_across_widths, rounding_step, width_gaps
 
 
 @pytest.mark.parametrize("x, dtype, step", [
@@ -27,6 +27,36 @@ def test_is_numerical_tie(a, b, dtype, tie):
     assert is_numerical_tie(a, b, dtype) is tie
 
 
+@pytest.mark.parametrize("gaps, tie, words", [
+    # 10.75 vs 10.625 by prefill is two bf16 steps (seen on the H200), but other widths move it by two
+    ({"prefill": 0.125, "step": 0.25, "verify_last": 0.1875, "verify_first": 0.125}, True, "spread across widths (0.125)"),
+    ({"prefill": 0.125, "step": 0.0625, "verify_last": 0.1875}, True, "within one rounding step (0.0625)"),
+    ({"prefill": 0.125, "step": 0.125, "verify_last": 0.125, "verify_first": 0.125}, False, "exceeds"),  # no width moves it
+    ({"prefill": 0.0625, "step": 0.125}, True, "within one rounding step (0.0625)"),
+    ({"prefill": 0.125, "step": -0.0625, "verify_first": 0.25}, True, "(step) orders the two tokens the other way"),
+    ({"prefill": 1.5, "step": 1.25, "verify_last": 1.75}, False, "exceeds"),  # a swapped token: far outside the rounding
+    ({"prefill": 0.125}, False, "exceeds"),  # one width alone: one step is all the slack there is
+])
+def test_is_tie_across_widths(gaps, tie, words):
+    got, why = is_tie_across_widths(gaps, 10.75, "mlx.core.bfloat16")
+    assert got is tie and words in why
+
+
+def test_width_gaps_agree_in_float32(tiny_dirs):
+    """Every width computes the same position's logits; in float32 they agree to rounding."""
+    from dspark_lab import greedy_generate, load_target
+
+    target, tok = load_target(tiny_dirs["qwen3"])
+    prompt = tok.encode("def add(a, b):")
+    ref = greedy_generate(target, tok, prompt, max_new_tokens=12).token_ids
+    context, a_tok, b_tok = prompt + ref[:10], ref[10], (ref[10] + 1) % 50
+    gaps = width_gaps(target, context, a_tok, b_tok, ref[11:], width=4)
+    assert set(gaps) == {"prefill", "step", "verify_last", "verify_first"}
+    assert min(gaps.values()) > 0  # the greedy token wins at every width
+    assert max(gaps.values()) - min(gaps.values()) < 1e-3
+    assert set(width_gaps(target, prompt[:1], a_tok, b_tok, [])) == {"prefill"}  # nothing to cache before one token
+
+
 def test_first_divergence_on_a_real_model_reports_a_real_gap(tiny_dirs):
     from dspark_lab import greedy_generate, load_target
 
@@ -36,6 +66,7 @@ def test_first_divergence_on_a_real_model_reports_a_real_gap(tiny_dirs):
     other = ref[:3] + [(ref[3] + 1) % 50] + ref[4:]
     assert first_divergence(target, prompt, ref, list(ref)) is None
     d = first_divergence(target, prompt, ref, other)
-    assert d["index"] == 3 and d["logit_a"] > d["logit_b"] and d["tie"] is False
+    assert d["index"] == 3 and d["logit_a"] > d["logit_b"] and d["tie"] is False and "exceeds" in d["why"]
+    assert set(d["gaps"]) == {"prefill", "step", "verify_last", "verify_first"} and d["gap_spread"] < 1e-3
     assert d["prefill_picks"] == "a"  # the greedy token is the fresh prefill's argmax
     assert first_divergence(target, prompt, other, ref)["prefill_picks"] == "b"

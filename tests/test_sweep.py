@@ -107,6 +107,20 @@ def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
     assert all(gap is not None and gap > 0 and tie is False for gap, tie in gaps), gaps
     assert any("a REAL divergence" in e for e in events)
 
+    # Classified again later (after the tie test changed): the same verdict, and --update stores it
+    # over a stale one.
+    from dspark_lab.lab.recheck import recheck_mismatches
+
+    engine = open_db(db)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("update trials set mismatch_tie = true where mode = 'lookup'")
+    again = recheck_mismatches(engine, update=True)
+    engine.dispose()
+    assert len(again) == 4 and all(r["was_tie"] is True and r["tie"] is False and r["gap"] > 0 for r in again)
+    assert all(r["divergence"]["index"] == r_idx for r, (r_idx,) in
+               zip(again, rows(db, "select mismatch_index from trials where mode = 'lookup' order by id")))
+    assert rows(db, "select count(*) from trials where mode = 'lookup' and mismatch_tie = false")[0][0] == 4
+
 
 def test_a_version_1_database_gains_the_tie_columns(tmp_path):
     """Databases written before schema 2 are migrated in place; their old trials stay unknown (NULL)."""

@@ -4,6 +4,12 @@ On a GPU in low precision, a multi-token verify forward and a one-token decode s
 differently; where the target's top two logits are within that rounding, argmax can flip and
 speculative and plain decoding part ways although the algorithm is exact. This reports the
 first differing position and the logit gap of the two competing tokens there.
+
+How far "within that rounding" reaches is measured, not assumed: the gap is computed again by
+forwards of other widths (the whole prefix at once, one token after a cached prefix, a verify-wide
+block that ends at the position, one that starts there). Through a deep model in bfloat16 the
+per-layer roundings add up to more than one rounding step of the logits, so one step alone would
+call some ties real (seen on Qwen2.5-Coder-0.5B on the H200: 10.75 vs 10.625, two steps apart).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from ..engine.target import Target
 # Explicit mantissa bits of the logit dtypes: one rounding step at |x| is 2**(floor(log2|x|) - bits).
 MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 
+VERIFY_WIDTH = 8  # the block width the width test re-forwards: a cap-7 verify
+
 
 def rounding_step(x: float, dtype: str) -> float:
     """The spacing of representable numbers of `dtype` ("mlx.core.bfloat16" or "bfloat16") at |x|."""
@@ -31,19 +39,77 @@ def is_numerical_tie(logit_a: float, logit_b: float, dtype: str) -> bool:
     return abs(logit_a - logit_b) <= rounding_step(max(abs(logit_a), abs(logit_b)), dtype)
 
 
-def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: list[int]) -> dict | None:
+def is_tie_across_widths(gaps: dict[str, float], scale: float, dtype: str) -> tuple[bool, str]:
+    """(tie, why) from the gap logit(a) - logit(b) of the two tokens, where `a` is the plain
+    decode's token and `b` the other output's, as forwards of several widths compute it.
+
+    A tie when the smallest gap is within one rounding step at `scale` plus the spread of the
+    gaps across widths: the target itself moves the gap by that much with the kernel's width, so a
+    verify forward (yet another width, over a cache its own forwards built) may order the two
+    tokens either way. A difference outside that is one no rounding of these forwards explains."""
+    step = rounding_step(scale, dtype)
+    lo, hi = min(gaps.values()), max(gaps.values())
+    if lo <= 0:
+        flipped = ", ".join(k for k, g in gaps.items() if g <= 0)
+        return True, f"a forward of another width ({flipped}) orders the two tokens the other way"
+    if lo <= step:
+        return True, f"the gap is within one rounding step ({step:g})"
+    if lo <= step + (hi - lo):
+        return True, f"the gap is within one rounding step ({step:g}) plus its spread across widths ({hi - lo:g})"
+    return False, f"the gap ({lo:g} at least) exceeds one rounding step ({step:g}) plus its spread across widths ({hi - lo:g})"
+
+
+def _next_logits(target: Target, fed: list[list[int]], row: int) -> mx.array:
+    """The logits row `row` of the last forward, after feeding each block of `fed` in turn into
+    a fresh cache (the earlier blocks build the cache the last one reads)."""
+    cache = target.make_cache()
+    for block in fed[:-1]:
+        target.forward(mx.array(block, dtype=mx.uint32), cache)
+    return target.forward(mx.array(fed[-1], dtype=mx.uint32), cache, last_only=row == -1).logits[row]
+
+
+def width_gaps(target: Target, context: list[int], a_tok: int, b_tok: int, follow: list[int],
+               width: int = VERIFY_WIDTH) -> dict[str, float]:
+    """The gap logit(a_tok) - logit(b_tok) at the position after `context`, computed by forwards of
+    several widths: "prefill" (the whole context at once), "step" (one token after the rest),
+    "verify_last" (a block of `width` ending at the position) and "verify_first" (a block of
+    `width` starting there, padded with `follow`, the other output's next tokens, as drafts)."""
+    n = len(context)
+    plans = {"prefill": ([context], -1)}
+    if n > 1:
+        plans["step"] = ([context[:-1], context[-1:]], -1)
+        w = min(width, n - 1)
+        if w > 1:
+            plans["verify_last"] = ([context[:-w], context[-w:]], -1)
+        drafts = (follow + [b_tok] * width)[: width - 1]
+        plans["verify_first"] = ([context[:-1], context[-1:] + drafts], 0)
+    gaps = {}
+    for name, (fed, row) in plans.items():
+        logits = _next_logits(target, fed, row).astype(mx.float32)
+        gaps[name] = round(logits[a_tok].item() - logits[b_tok].item(), 5)
+    return gaps
+
+
+def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: list[int],
+                     width: int = VERIFY_WIDTH) -> dict | None:
     """None when `a == b`; else the first differing index and the logits of both tokens there,
     from a fresh prefill of the common prefix (in the model's own logit dtype), and which of the
     two that prefill's argmax picks ("a", "b" or "other"): where it picks the token of the output
-    that was not decoded step by step, the step-by-step path is the one that rounded away from it."""
+    that was not decoded step by step, the step-by-step path is the one that rounded away from it.
+    `a` is the plain decode's output. "gaps" holds the gap at each forward width
+    (width_gaps), "tie" whether the difference is a numerical tie across them and "why" says so."""
     i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if i is None:
         return None if len(a) == len(b) else {"index": min(len(a), len(b)), "length_differs": True}
-    out = target.forward(mx.array(prompt_ids + a[:i], dtype=mx.uint32), target.make_cache(), last_only=True).logits[0]
+    context = prompt_ids + a[:i]
+    out = target.forward(mx.array(context, dtype=mx.uint32), target.make_cache(), last_only=True).logits[0]
     logits = out.astype(mx.float32)
     top = mx.sort(logits)[-2:].tolist()
     la, lb = logits[a[i]].item(), logits[b[i]].item()
     best = int(mx.argmax(logits).item())
     picks = "a" if best == a[i] else "b" if best == b[i] else "other"
+    gaps = width_gaps(target, context, a[i], b[i], b[i + 1:], width)
+    tie, why = is_tie_across_widths(gaps, max(abs(la), abs(lb)), str(out.dtype))
     return {"index": i, "logit_a": round(la, 4), "logit_b": round(lb, 4), "top2_margin": round(top[1] - top[0], 4),
-            "logit_dtype": str(out.dtype), "tie": is_numerical_tie(la, lb, str(out.dtype)), "prefill_picks": picks}
+            "logit_dtype": str(out.dtype), "tie": tie, "why": why, "gaps": gaps,
+            "gap_spread": round(max(gaps.values()) - min(gaps.values()), 5), "prefill_picks": picks}

@@ -201,11 +201,16 @@ def _trial_row(run_id, arm: Arm, trial_index, pset, prompt, cfg, r, caps_chosen,
     )
 
 
+# How a trial's message begins when its output differs from the baseline's (printed in colour
+# by the sweep itself, so a caller's on_event may skip it).
+MISMATCH_WORDS = ("NOT LOSSLESS", "differs at a tie")
+
+
 def _classify_mismatch(target, tok, prompt, ref: list[int], out: list[int]) -> tuple[float | None, bool | None, str]:
     """(gap, tie, words) for a trial whose output differs from the baseline's: the logit gap of
-    the two competing tokens at the first difference, and whether it is within one rounding step
-    of the logit dtype (a numerical tie: low-precision kernels of different widths may break it
-    either way) or a real divergence, which a lossless engine must never show."""
+    the two competing tokens at the first difference, and whether forwards of other widths move
+    that gap by as much (a numerical tie: low-precision kernels of different widths may break it
+    either way; lab/lossless.py) or not (a real divergence, which a lossless engine must never show)."""
     from ..engine.text import encode_prompt
     from .lossless import first_divergence
 
@@ -214,7 +219,7 @@ def _classify_mismatch(target, tok, prompt, ref: list[int], out: list[int]) -> t
         return None, False, "the outputs differ in length"
     gap = abs(d["logit_a"] - d["logit_b"])
     kind = "a numerical tie" if d["tie"] else "a REAL divergence"
-    return gap, d["tie"], f"{kind} (logits {d['logit_a']} vs {d['logit_b']} in {d['logit_dtype'].rsplit('.', 1)[-1]})"
+    return gap, d["tie"], f"{kind} (logits {d['logit_a']} vs {d['logit_b']} in {d['logit_dtype'].rsplit('.', 1)[-1]}: {d['why']})"
 
 
 def _first_mismatch(a: list[int], b: list[int]) -> int | None:
@@ -422,7 +427,8 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                         lossless = mismatch is None
                         if not lossless:
                             gap, tie, why = _classify_mismatch(target, tok, prompt, ref, r.token_ids)
-                            msg = f"NOT LOSSLESS: {arm.key} on {pset.name}/{prompt.id} differs from baseline at token {mismatch}: {why}"
+                            msg = (f"{MISMATCH_WORDS[1] if tie else MISMATCH_WORDS[0]}: {arm.key} on {pset.name}/{prompt.id} "
+                                   f"differs from baseline at token {mismatch}: {why}")
                             bar.console.print(f"[bold {'yellow' if tie else 'red'}]{msg}[/]")
                             say(msg)
                 row = _trial_row(run_id, arm, i, pset, prompt, cfg, r, caps_chosen, lossless, mismatch, gap, tie)

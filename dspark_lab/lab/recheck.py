@@ -1,0 +1,72 @@
+"""Classify the stored mismatches of a results database again, with the current tie test.
+
+A sweep classifies each trial whose output differs from the baseline's when it stores it
+(lab/lossless.py). When that test changes (it once took one rounding step of the logit dtype
+as the whole of the rounding; it now measures the gap's spread across forward widths), the
+trials already stored keep their old verdict. This re-runs the test on the machine that holds
+the models, and with `update` stores the new gap and verdict in place.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from sqlmodel import Session, select
+
+from ..errors import InputError
+from ..schemas import Run, Trial
+
+
+def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool = False,
+                       on_result: Callable[[dict], None] | None = None) -> list[dict]:
+    """One dict per stored trial that differs from its baseline (in `run_ids`, default all runs):
+    its arm, prompt and first difference (lab/lossless.first_divergence, with the verify width of
+    the trial's cap), and its old and new verdicts. Loads each model once, stored as its id says."""
+    from ..engine.text import encode_prompt
+    from .lossless import VERIFY_WIDTH, first_divergence
+    from .prompts import load_prompt_sets
+    from .sweep import load_variant
+
+    with Session(engine) as s:
+        query = select(Trial).where(Trial.lossless == False)  # noqa: E712
+        if run_ids:
+            query = query.where(Trial.run_id.in_(run_ids))
+        bad = s.exec(query.order_by(Trial.model_id, Trial.run_id, Trial.id)).all()
+        runs = {r.id: json.loads(r.config) for r in s.exec(select(Run)).all()}
+    results, loaded, sets = [], {}, {}
+    for t in bad:
+        cfg = runs[t.run_id]
+        if t.model_id not in loaded:
+            loaded.clear()  # one model in memory at a time
+            loaded[t.model_id] = load_variant(t.model_id, cfg.get("dtype"))
+        target, tok = loaded[t.model_id]
+        if t.run_id not in sets:
+            try:
+                sets[t.run_id] = {p.name: p for p in load_prompt_sets(cfg["prompt_sets"], limit=cfg.get("prompt_limit"))}
+            except (InputError, OSError) as e:
+                raise InputError(f"run {t.run_id}'s prompt sets {cfg['prompt_sets']} cannot be read here ({e}); "
+                                 "recheck on a machine that has its prompt files.") from e
+        prompt = next((p for p in sets[t.run_id][t.prompt_set].prompts if p.id == t.prompt_id), None)
+        with Session(engine) as s:
+            base = s.exec(select(Trial).where(Trial.run_id == t.run_id, Trial.model_id == t.model_id, Trial.mode == "baseline",
+                                              Trial.prompt_set == t.prompt_set, Trial.prompt_id == t.prompt_id)).first()
+        if prompt is None or base is None:
+            raise InputError(f"trial {t.id} ({t.prompt_set}/{t.prompt_id} of run {t.run_id}) has no "
+                             f"{'prompt in its set' if prompt is None else 'stored baseline'} to compare with.")
+        width = int(t.cap) + 1 if str(t.cap).isdigit() else VERIFY_WIDTH
+        d = first_divergence(target, encode_prompt(tok, prompt.as_input()), json.loads(base.output_ids),
+                             json.loads(t.output_ids), width=width)
+        row = {"trial": t.id, "run_id": t.run_id, "arm": t.arm_key, "prompt": f"{t.prompt_set}/{t.prompt_id}",
+               "trial_index": t.trial_index, "was_tie": t.mismatch_tie, "divergence": d,
+               "tie": bool(d and d.get("tie")), "gap": None if not d or "logit_a" not in d else abs(d["logit_a"] - d["logit_b"])}
+        if update:
+            with Session(engine) as s:
+                stored = s.get(Trial, t.id)
+                stored.mismatch_tie, stored.mismatch_gap = row["tie"], row["gap"]
+                s.add(stored)
+                s.commit()
+        results.append(row)
+        if on_result is not None:
+            on_result(row)
+    return results
