@@ -323,7 +323,7 @@ def sweep(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
     drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
     draft_model: Annotated[Optional[list[str]], typer.Option("--draft-model", help="Draft model for mode draft (repeatable); each is paired with every model whose tokenizer it shares.")] = None,
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dflash, draft, draft-pipe (the baseline always runs). Default: lookup, plus dspark, dspark-pipe and dflash when drafters are given (each head runs in the modes it loads as), plus draft and draft-pipe when draft models are given.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dflash, draft, draft-pipe, and mlx-lm (mlx-lm's own decoder on the same model, a reference for our greedy) (the baseline always runs). Default: lookup, plus dspark, dspark-pipe and dflash when drafters are given (each head runs in the modes it loads as), plus draft and draft-pipe when draft models are given.")] = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
@@ -452,17 +452,20 @@ def benchmark(
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too); float32 is fastest on CPU.")] = None,
     launch_every: LaunchEveryOpt = "0",
     precisions: PrecisionsOpt = "as-loaded",
+    mlx_lm: Annotated[bool, typer.Option("--mlx-lm/--no-mlx-lm", help="Also time mlx-lm's own decoder on the same model and prompts: its row's speedup is mlx-lm over our greedy.")] = True,
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
     speedup (with its 95% CI) and acceptance per domain (per precision, with --precisions)."""
     from .db import open_db
     from .db.queries import summary
     from .lab.results import export_run
-    from .lab.sweep import MISMATCH_WORDS, SweepConfig, run_sweep, split_variant
+    from .lab.sweep import MISMATCH_WORDS, REFERENCE_MODES, SweepConfig, run_sweep, split_variant
 
     modes = ["baseline"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft", "draft-pipe"] if draft_model else [])
     if len(modes) == 1:  # nothing to pair with: measure lookup, which needs no drafter
         modes.append("lookup")
+    if mlx_lm:
+        modes.append("mlx-lm")
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
                       launch_every=launch_every, precisions=_csv(precisions))
@@ -471,14 +474,15 @@ def benchmark(
     try:
         several = len(cfg.precisions) > 1  # then each row says which precision it ran at
         table = Table(*["precision"] * several, "mode", "cap", "domain", "tok/s", "baseline tok/s", "speedup (95% CI)", "mean accept", "lossless",
-                      title=f"run {rid} on {db}")
+                      title=f"run {rid} on {db}",
+                      caption="mlx-lm: mlx-lm's own decoder on the same model; its speedup is its rate over our greedy's (under 1: ours is faster)" if mlx_lm else None)
         for r in summary(engine, run_ids=[rid]).iter_rows(named=True):
             if r["mode"] == "baseline":
                 continue
             lossless = f"{r['lossless_trials']}/{r['trials']}" + (" [red]NOT LOSSLESS[/]" if r["not_lossless_trials"] else "")
             num = lambda x, spec=".2f": "-" if x is None else format(x, spec)  # noqa: E731 - no baseline match gives None
             precision = [split_variant(r["model_id"])[1]] * several
-            table.add_row(*precision, r["mode"], str(r["cap"]), r["domain"], num(r["median_tok_s"], ".1f"), num(r["baseline_median_tok_s"], ".1f"),
+            table.add_row(*precision, r["mode"], "-" if r["mode"] in REFERENCE_MODES else str(r["cap"]), r["domain"], num(r["median_tok_s"], ".1f"), num(r["baseline_median_tok_s"], ".1f"),
                           f"{num(r['speedup'])}x ({num(r['ci_lo'])}-{num(r['ci_hi'])})", num(r["mean_accept_len"]), lossless)
         out.print(table)
         if json_out is not None:

@@ -187,11 +187,15 @@ def test_benchmark_report_and_registry_verbs(tiny_dirs, tmp_path):
                             "--prompts", "code", "--prompt-limit", "2", "-n", "8", "--db", str(db), "--json", str(tmp_path / "res.json")])
     assert r.exit_code == 0, r.output
     assert "speedup" in r.output and "dspark" in r.output and "2/2" in r.output and (tmp_path / "res.json").exists()
+    # mlx-lm's own decoder ran beside ours on the same prompts (a reference row, no cap), with the same tokens
+    ref_row = next(line for line in r.output.splitlines() if "mlx-lm" in line and "code" in line)
+    assert "2/2" in ref_row and "NOT" not in ref_row, r.output
     r = runner.invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "r.html")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "r.html").read_text().count("vega") > 3
     r = runner.invoke(app, ["registry", "build", "--db", str(db), "--out", str(tmp_path / "reg.json"), "--min-trials", "1"])
     assert r.exit_code == 0, r.output
+    assert "mlx-lm" not in (tmp_path / "reg.json").read_text()  # a reference, never a registry's best arm
     r = runner.invoke(app, ["registry", "show", str(tmp_path / "reg.json"), "--markdown"])
     assert r.exit_code == 0 and "|" in r.output
     r = runner.invoke(app, ["report", "--db", str(tmp_path / "none.duckdb"), "--out", str(tmp_path / "x.html")])

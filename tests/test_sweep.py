@@ -402,3 +402,18 @@ def test_benchmark_cli_gives_a_row_per_precision(tmp_path):
     assert "as-lo" in table and "q8" in table and table.count("lookup") == 2
     bad = runner.invoke(app, ["benchmark", "-m", str(model), "--precisions", "fp8", "--db", str(tmp_path / "c.duckdb")])
     assert bad.exit_code != 0 and "precision 'fp8' is not one of" in bad.output
+
+
+def test_mlx_lm_reference_arm_runs_beside_the_baseline(tiny_dirs, tmp_path):
+    """--modes mlx-lm: mlx-lm's own decoder on every prompt, checked against our greedy's tokens,
+    its speedup the ratio of its rate to our greedy's."""
+    from dspark_lab.db.queries import summary
+
+    db = tmp_path / "ref.duckdb"
+    run_sweep(SweepConfig(models=[str(tiny_dirs["qwen3"])], modes=["baseline", "mlx-lm", "lookup"], caps=["2"], prompt_sets=["code"],
+                          trials=1, max_new_tokens=8, prompt_limit=2), db, progress=False)
+    assert rows(db, "select count(*), count(*) filter (where lossless), min(cap) from trials where mode = 'mlx-lm'")[0] == (2, 2, "0")
+    engine = open_db(db)
+    ref = summary(engine).filter(summary(engine)["mode"] == "mlx-lm").to_dicts()
+    engine.dispose()
+    assert len(ref) == 1 and ref[0]["speedup"] > 0 and ref[0]["lossless_trials"] == 2

@@ -27,7 +27,10 @@ from sqlmodel import Session, select
 from ..errors import DsparkError, InputError
 from ..schemas.records import Run, Trial, utcnow
 
-MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dflash", "draft", "draft-pipe")
+MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dflash", "draft", "draft-pipe", "mlx-lm")
+# mlx-lm: mlx-lm's own decoder on the same model (engine/reference.py), one trial per prompt beside
+# the baseline: its "speedup" is mlx-lm's rate over our greedy's, measured side by side.
+REFERENCE_MODES = ("mlx-lm",)
 HEAD_MODES = ("dspark", "dspark-pipe", "dflash")  # modes that need a drafter head
 # dspark-pipe: a DSpark head through the pipelined loop (engine/pipeline.py), head drafts only
 # unless the grid sets pipe_lookup (device-side lookup drafts) or compile_draft; draft-pipe: a
@@ -172,7 +175,7 @@ class Arm:
 def plan_arms(cfg: SweepConfig, model_id: str, usable: list[tuple[str, str]]) -> list[Arm]:
     """usable: the (mode, drafter) pairs that loaded for this model."""
     # The baseline always runs: speedups and the lossless check are measured against it.
-    arms = [Arm(model_id, "baseline", "0")]
+    arms = [Arm(model_id, "baseline", "0")] + [Arm(model_id, mode, "0") for mode in REFERENCE_MODES if mode in cfg.modes]
     for cap in cfg.caps:
         if "lookup" in cfg.modes:
             arms.append(Arm(model_id, "lookup", cap))
@@ -298,7 +301,7 @@ def run_sweep(
 def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from ..engine import draft_model_generate, greedy_generate, load_target, lookup_generate, speculative_generate
+    from ..engine import draft_model_generate, greedy_generate, load_target, lookup_generate, mlx_lm_generate, speculative_generate
     from ..engine.drafters.load import load_dflash, load_dspark
     from ..engine.speculative import check_pipeline_target, check_same_tokenizer
     from ..errors import LoadError
@@ -378,6 +381,8 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
         cap = 0 if arm.cap in ("0", "auto") else int(arm.cap)
         if arm.mode == "baseline":
             r = greedy_generate(target, tok, prompt_input, max_new_tokens=max_new)
+        elif arm.mode == "mlx-lm":
+            r = mlx_lm_generate(target, tok, prompt_input, max_new_tokens=max_new)
         elif arm.mode == "lookup":
             r = lookup_generate(target, tok, prompt_input, max_new_tokens=max_new, max_draft_tokens=cap or 8, cap_controller=ctrl)
         elif arm.mode in DRAFT_MODES:

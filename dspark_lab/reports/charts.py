@@ -16,13 +16,14 @@ import polars as pl
 from ..db.queries import cap_order
 from ..lab.controller import DEFAULT_ACCEPTANCE, static_cap
 from ..lab.curves import CostCurves
+from ..lab.sweep import REFERENCE_MODES
 from ..engine.names import short_name
 
 WIDTH, HEIGHT = 240, 170  # one facet panel
 RED = "#c0392b"  # reserved for "not lossless", so no mode may be drawn in red
 
 
-MODE_COLORS = {"baseline": "#4c78a8", "lookup": "#54a24b", "dspark": "#f58518", "dspark-pipe": "#9d755d", "dflash": "#b279a2", "draft": "#72b7b2", "draft-pipe": "#ff9da6"}
+MODE_COLORS = {"baseline": "#4c78a8", "lookup": "#54a24b", "dspark": "#f58518", "dspark-pipe": "#9d755d", "dflash": "#b279a2", "draft": "#72b7b2", "draft-pipe": "#ff9da6", "mlx-lm": "#bab0ac"}
 
 
 def _mode_color(df: pl.DataFrame) -> alt.Color:
@@ -65,7 +66,8 @@ def label_arms(df: pl.DataFrame) -> pl.DataFrame:
     several = pl.col("drafter_id").n_unique().over("machine", "model_id", "mode") > 1
     series = pl.when(several).then(pl.format("{}:{}", pl.col("mode"), pl.col("drafter"))).otherwise(pl.col("mode"))
     df = df.with_columns(series=series)
-    arm = pl.when(pl.col("mode") == "baseline").then(pl.lit("baseline")).otherwise(pl.format("{} cap {}", pl.col("series"), pl.col("cap")))
+    arm = (pl.when(pl.col("mode").is_in(["baseline", *REFERENCE_MODES])).then(pl.col("mode"))  # no cap: they do not draft
+           .otherwise(pl.format("{} cap {}", pl.col("series"), pl.col("cap"))))
     return df.with_columns(arm=arm, panel=pl.format("{} on {}", pl.col("model"), pl.col("machine").fill_null("?")))
 
 
@@ -135,7 +137,7 @@ def throughput_chart(summary: pl.DataFrame) -> alt.FacetChart | None:
 
 def accept_hist_chart(trials: pl.DataFrame) -> alt.FacetChart | None:
     """Distribution of tokens committed per round (accept length, bonus token included) per arm."""
-    df = trials.filter(pl.col("mode") != "baseline")
+    df = trials.filter(~pl.col("mode").is_in(["baseline", *REFERENCE_MODES]))  # the modes that draft
     if df.is_empty():
         return None
     df = (label_arms(df).select("panel", "arm", "mode", "series", "cap", "accept_lengths").explode("accept_lengths")
@@ -160,7 +162,7 @@ def accept_hist_chart(trials: pl.DataFrame) -> alt.FacetChart | None:
 
 def position_chart(summary_all: pl.DataFrame) -> alt.FacetChart | None:
     """Conditional acceptance at each draft position d0..dk per arm (pooled over domains)."""
-    df = label_arms(summary_all).filter(pl.col("mode") != "baseline")
+    df = label_arms(summary_all).filter(~pl.col("mode").is_in(["baseline", *REFERENCE_MODES]))
     rows = []
     for r in df.iter_rows(named=True):
         for i, p in enumerate(r["per_position_acceptance"] or []):

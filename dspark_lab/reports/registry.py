@@ -21,6 +21,7 @@ from sqlalchemy import Engine
 from ..db.queries import cap_order, runs_frame, summary, trials_frame
 from ..errors import DsparkError
 from ..engine.names import short_name, target_key
+from ..lab.sweep import REFERENCE_MODES
 
 SCHEMA_VERSION = 1
 
@@ -94,7 +95,8 @@ def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: lis
         raise DsparkError(f"--min-trials must be at least 1, got {min_trials}.")
     trials = trials_frame(engine, run_ids)
     arms = summary(engine, n_boot=n_boot, seed=seed, by_domain=False, trials=trials)
-    arms = arms.filter(pl.col("mode") != "baseline")
+    # Only drafting arms compete: the baseline and mlx-lm's own decoder (a reference) do not draft.
+    arms = arms.filter(~pl.col("mode").is_in(["baseline", *REFERENCE_MODES]))
     runs = runs_frame(engine, run_ids)
 
     candidates: dict[tuple[str, str], list[dict]] = {}
