@@ -50,7 +50,7 @@ def test_width_gaps_agree_in_float32(tiny_dirs):
     prompt = tok.encode("def add(a, b):")
     ref = greedy_generate(target, tok, prompt, max_new_tokens=12).token_ids
     context, a_tok, b_tok = prompt + ref[:10], ref[10], (ref[10] + 1) % 50
-    gaps = width_gaps(target, context, a_tok, b_tok, ref[11:], width=4)
+    gaps = width_gaps(target, context, a_tok, b_tok, [b_tok] + ref[11:], width=4)
     assert set(gaps) == {"prefill", "step", "verify_last", "verify_first"}
     assert min(gaps.values()) > 0  # the greedy token wins at every width
     assert max(gaps.values()) - min(gaps.values()) < 1e-3

@@ -196,3 +196,19 @@ def test_a_difference_at_a_numerical_tie_is_shown_as_such(tmp_path):
     assert "AT A TIE" in html and "0.125 (a tie)" in html and "numerical tie (1 of them" in html
     lookup = summary_rows(html)[f"Apple M3 Max 64GB (metal)|{MODEL_A}|-|lookup|4|all"]
     assert lookup["lossless"] == "5 / 1 (1 at ties) / 0" and lookup["flag"] == "ties"
+
+
+def test_save_chart_takes_a_chart_or_its_spec(tmp_path):
+    """One writer for every chart file: the report passes specs (pinned Vega-Lite), scripts pass charts."""
+    import json
+
+    import altair as alt
+
+    from dspark_lab.reports.charts import save_chart
+
+    chart = alt.Chart(alt.Data(values=[{"x": 1, "y": 2}, {"x": 2, "y": 3}])).mark_line().encode(x="x:Q", y="y:Q")
+    save_chart(chart.to_dict(), tmp_path / "spec.json")
+    assert json.loads((tmp_path / "spec.json").read_text())["mark"]["type"] == "line"
+    for source in (chart, chart.to_dict()):
+        save_chart(source, tmp_path / "c.png")
+        assert png_size(tmp_path / "c.png")[0] > 50

@@ -73,7 +73,9 @@ def width_gaps(target: Target, context: list[int], a_tok: int, b_tok: int, follo
     """The gap logit(a_tok) - logit(b_tok) at the position after `context`, computed by forwards of
     several widths: "prefill" (the whole context at once), "step" (one token after the rest),
     "verify_last" (a block of `width` ending at the position) and "verify_first" (a block of
-    `width` starting there, padded with `follow`, the other output's next tokens, as drafts)."""
+    `width` starting there, its other rows `follow`: the other output's tokens from the position
+    on, as the drafts of a verify there would be). Rows after the position do not reach its logits
+    (causal attention); only the block's width does."""
     n = len(context)
     plans = {"prefill": ([context], -1)}
     if n > 1:
@@ -108,7 +110,7 @@ def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: lis
     la, lb = logits[a[i]].item(), logits[b[i]].item()
     best = int(mx.argmax(logits).item())
     picks = "a" if best == a[i] else "b" if best == b[i] else "other"
-    gaps = width_gaps(target, context, a[i], b[i], b[i + 1:], width)
+    gaps = width_gaps(target, context, a[i], b[i], b[i:], width)
     tie, why = is_tie_across_widths(gaps, max(abs(la), abs(lb)), str(out.dtype))
     return {"index": i, "logit_a": round(la, 4), "logit_b": round(lb, 4), "top2_margin": round(top[1] - top[0], 4),
             "logit_dtype": str(out.dtype), "tie": tie, "why": why, "gaps": gaps,

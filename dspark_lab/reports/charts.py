@@ -331,15 +331,20 @@ def noise_chart(trials: pl.DataFrame) -> alt.FacetChart | None:
         title="Noise: decode tok/s of every trial per arm (box: min-max and quartiles)")
 
 
-def save_chart(chart: alt.TopLevelMixin, out) -> None:
-    """A chart to a file by its suffix: .png rendered offline (vl-convert; every chart's data is
-    inline, so no URL may be fetched), anything else as altair saves it (.html, .json spec)."""
+def save_chart(chart: alt.TopLevelMixin | dict, out, *, vl_version: str | None = None) -> None:
+    """A chart (or its Vega-Lite spec) to a file by its suffix: .png rendered offline (vl-convert;
+    every chart's data is inline, so no URL may be fetched; `vl_version` pins the spec's
+    Vega-Lite version), anything else as altair saves it (.html, .json spec)."""
     from pathlib import Path
 
     out = Path(out)
     if out.suffix == ".png":
         import vl_convert as vlc
 
-        out.write_bytes(vlc.vegalite_to_png(chart.to_dict(), scale=1.0, allowed_base_urls=[]))
+        spec = chart if isinstance(chart, dict) else chart.to_dict()
+        pin = {"vl_version": vl_version} if vl_version else {}
+        out.write_bytes(vlc.vegalite_to_png(spec, scale=1.0, allowed_base_urls=[], **pin))
     else:
+        if isinstance(chart, dict):
+            chart = alt.Chart.from_dict(chart)
         chart.save(str(out))

@@ -256,8 +256,6 @@ def build_report(engine: Engine, out_html: Path, run_ids: list[str] | None = Non
     ("MODEL[:DRAFTER]") if given, to `out_html`; with `png_dir`, also each chart as
     <png_dir>/<chart id>.png (ids in CHARTS; a chart with nothing to show has no file, as it has
     no figure in the page). Returns the HTML path. Raises DsparkError when nothing matches."""
-    import vl_convert as vlc
-
     out_html = Path(out_html)
     pair = parse_pair(pair)
     trials = trials_frame(engine, run_ids)
@@ -291,9 +289,7 @@ def build_report(engine: Engine, out_html: Path, run_ids: list[str] | None = Non
         png_dir = Path(png_dir)
         png_dir.mkdir(parents=True, exist_ok=True)
         for name, spec in specs.items():
-            # No base URLs allowed: every chart's data is inline, so nothing may be fetched.
-            png = vlc.vegalite_to_png(spec, vl_version=vl_version, scale=1.0, allowed_base_urls=[])
-            (png_dir / f"{name}.png").write_bytes(png)
+            charts.save_chart(spec, png_dir / f"{name}.png", vl_version=vl_version)
 
     n_bad = trials.filter((pl.col("mode") != "baseline") & (pl.col("lossless") == False)).height  # noqa: E712
     title = "dspark-lab report" + (f": {short_name(pair[0])}" + (f" + {short_name(pair[1])}" if pair[1] else "") if pair else "")
