@@ -417,3 +417,32 @@ def test_mlx_lm_reference_arm_runs_beside_the_baseline(tiny_dirs, tmp_path):
     ref = summary(engine).filter(summary(engine)["mode"] == "mlx-lm").to_dicts()
     engine.dispose()
     assert len(ref) == 1 and ref[0]["speedup"] > 0 and ref[0]["lossless_trials"] == 2
+
+
+def test_every_trial_is_put_against_the_bandwidth_limit(tiny_dirs, tmp_path):
+    """A run measures its copy bandwidth and each model's bytes a step reads, so every trial has
+    its plain-decoding limit and every summary row its share of it (issue #10); a run that never
+    recorded them (older, or ingested) has none rather than a made-up one."""
+    from dspark_lab.db.queries import summary, trials_frame
+
+    db = tmp_path / "bw.duckdb"
+    rid = run_sweep(SweepConfig(models=[str(tiny_dirs["qwen3"])], modes=["baseline", "lookup"], caps=["2"], prompt_sets=["code"],
+                                trials=1, max_new_tokens=8, prompt_limit=2), db, progress=False)
+    config = json.loads(rows(db, "select config from runs")[0][0])
+    bw = config["bandwidth"]
+    weights = bw["models"][str(tiny_dirs["qwen3"])]
+    assert bw["copy_bytes_per_s"] > 1e8 and weights["weight_bytes"] > 0 and weights["kv_bytes_per_position"] > 0
+    engine = open_db(db)
+    t = trials_frame(engine)
+    expected = bw["copy_bytes_per_s"] / (weights["weight_bytes"] + weights["kv_bytes_per_position"] * (t["prompt_tokens"] + t["num_tokens"] / 2))
+    assert (t["limit_tok_s"] - expected).abs().max() < 1e-6 * expected.max()
+    s = summary(engine).to_dicts()
+    for row in s:
+        arm = t.filter((t["mode"] == row["mode"]) & (t["cap"] == row["cap"]))
+        assert abs(row["limit_share"] - (arm["decode_tokens_per_sec"] / arm["limit_tok_s"]).median()) < 1e-9
+    with engine.begin() as conn:  # as a run from before the limit was recorded
+        conn.exec_driver_sql("update runs set config = ?", (json.dumps({k: v for k, v in config.items() if k != "bandwidth"}),))
+    assert all(r["limit_share"] is None for r in summary(engine).to_dicts())
+    assert trials_frame(engine)["limit_tok_s"].null_count() == t.height
+    engine.dispose()
+    assert rid

@@ -94,8 +94,30 @@ def trials_frame(engine: Engine, run_ids: list[str] | None = None) -> pl.DataFra
             trials = trials.with_columns(pl.col(name).str.json_decode(dtype))
         except pl.exceptions.PolarsError:
             raise DsparkError(_bad_json(trials, name)) from None
-    runs = runs_frame(engine, run_ids).select(pl.col("id").alias("run_id"), *_RUN_COLUMNS)
-    return trials.join(runs, on="run_id", how="left")
+    runs = runs_frame(engine, run_ids)
+    trials = trials.join(runs.select(pl.col("id").alias("run_id"), *_RUN_COLUMNS), on="run_id", how="left")
+    return _with_limit(trials, runs)
+
+
+def _with_limit(trials: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
+    """Add limit_tok_s: the most tokens a second plain decoding could reach in that trial, the run's
+    copy bandwidth over the bytes a step reads (the model's weights, and its KV cache at the
+    trial's mean context: prompt plus half the output). Null where the run recorded no bandwidth
+    (runs before it did, or a model it never loaded)."""
+    rows = []
+    for run_id, config in zip(runs["id"].to_list(), runs["config"].to_list()):
+        try:
+            bandwidth = json.loads(config or "{}").get("bandwidth") or {}
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        for model_id, b in (bandwidth.get("models") or {}).items():
+            rows.append({"run_id": run_id, "model_id": model_id, "_bw": float(bandwidth["copy_bytes_per_s"]),
+                         "_wb": float(b["weight_bytes"]), "_kv": float(b["kv_bytes_per_position"])})
+    per_run = pl.DataFrame(rows, schema={"run_id": pl.String, "model_id": pl.String, "_bw": pl.Float64, "_wb": pl.Float64, "_kv": pl.Float64})
+    context = pl.col("prompt_tokens") + pl.col("num_tokens") / 2
+    return (trials.join(per_run, on=["run_id", "model_id"], how="left")
+            .with_columns(limit_tok_s=pl.col("_bw") / (pl.col("_wb") + pl.col("_kv") * context))
+            .drop("_bw", "_wb", "_kv"))
 
 
 def _bad_json(trials: pl.DataFrame, column: str) -> str:
@@ -156,7 +178,16 @@ SUMMARY_SCHEMA = {
     "ci_lo": pl.Float64, "ci_hi": pl.Float64, "mean_accept_len": pl.Float64,
     "per_position_acceptance": pl.List(pl.Float64), "lossless_trials": pl.Int64, "not_lossless_trials": pl.Int64,
     "tie_trials": pl.Int64, "unchecked_trials": pl.Int64, "run_ids": pl.List(pl.String), "device_keys": pl.List(pl.String),
+    "limit_share": pl.Float64,
 }
+
+
+def _median_share(trials: pl.DataFrame) -> float | None:
+    """Median over trials of decode tok/s / limit_tok_s (trials without a limit left out)."""
+    if "limit_tok_s" not in trials.columns:
+        return None
+    share = (trials["decode_tokens_per_sec"] / trials["limit_tok_s"]).drop_nulls()
+    return float(share.median()) if share.len() else None
 
 
 def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000, seed: int = 0, *,
@@ -174,7 +205,10 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
     - lossless_trials / not_lossless_trials / unchecked_trials: every trial counted, none dropped;
       tie_trials: those of the not-lossless ones whose first difference is a numerical tie (a logit
       gap within one rounding step of the logit dtype; unknown for trials stored before schema 2);
-    - run_ids, device_keys: where the numbers come from.
+    - run_ids, device_keys: where the numbers come from;
+    - limit_share: median over the arm's trials of decode tok/s over that trial's bandwidth limit
+      (limit_tok_s: the plain-decoding bound; speculative arms may pass it); null for runs that
+      recorded no bandwidth.
 
     Machine is part of the key: a speedup pooled over two machines would describe neither.
     With by_domain=False, domain is "all" and prompts of every domain are pooled.
@@ -230,6 +264,7 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
             "unchecked_trials": int(lossless.is_null().sum()) if arm["mode"] != "baseline" else 0,
             "run_ids": sorted(set(g["run_id"].to_list())),
             "device_keys": sorted({k for k in g["device_key"].to_list() if k is not None}),
+            "limit_share": _median_share(g),
         })
     out = pl.DataFrame(rows, schema=SUMMARY_SCHEMA)
     order = sorted(range(out.height), key=lambda i: (

@@ -31,6 +31,9 @@ MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dflash", "draft", "draf
 # mlx-lm: mlx-lm's own decoder on the same model (engine/reference.py), one trial per prompt beside
 # the baseline: its "speedup" is mlx-lm's rate over our greedy's, measured side by side.
 REFERENCE_MODES = ("mlx-lm",)
+# The copy a run's bandwidth is measured with (lab/bandwidth.py): on a GPU well past its caches
+# (an H200's L2 is 50 MB); on a CPU 64 MiB gives the same figure as 1 GiB in a tenth of the time.
+BANDWIDTH_MIB = {"gpu": 1024, "cpu": 64}
 HEAD_MODES = ("dspark", "dspark-pipe", "dflash")  # modes that need a drafter head
 # dspark-pipe: a DSpark head through the pipelined loop (engine/pipeline.py), head drafts only
 # unless the grid sets pipe_lookup (device-side lookup drafts) or compile_draft; draft-pipe: a
@@ -271,10 +274,19 @@ def run_sweep(
         else:
             from .. import __version__
 
+            from .bandwidth import copy_bandwidth
+
             run_id = uuid.uuid4().hex[:12]
+            # The copy bandwidth, measured once a run, and each model's bytes a decode step reads
+            # (added as each loads) put every trial against the bandwidth limit (issue #10).
+            import mlx.core as mx
+
+            mib = BANDWIDTH_MIB["gpu" if mx.default_device().type == mx.DeviceType.gpu else "cpu"]
+            bandwidth = {"copy_bytes_per_s": copy_bandwidth(mib), "models": {}}
             s.add(Run(id=run_id, dspark_lab_version=__version__, device_key=device_key(stamp), machine=machine_class(stamp),
                       device_stamp=json.dumps(stamp, default=str),
-                      config=json.dumps({**asdict(cfg), "key": cfg.key(), "prompt_set_versions": {p.name: p.version for p in sets}})))
+                      config=json.dumps({**asdict(cfg), "key": cfg.key(), "prompt_set_versions": {p.name: p.version for p in sets},
+                                         "bandwidth": bandwidth})))
         s.commit()
         done = {(t.arm_key, t.trial_index) for t in s.exec(select(Trial).where(Trial.run_id == run_id)).all()}
     say(f"run {run_id}: {len(done)} trials already stored")
@@ -309,6 +321,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
     from .controller import DEFAULT_ACCEPTANCE, CapController
 
     target, tok = load_variant(model_id, cfg.dtype)
+    _note_decode_bytes(engine, run_id, model_id, target)
     if cfg.launch_every == "auto":
         from .launch_probe import choose_launch_every
 
@@ -444,6 +457,22 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                 done.add(cell)
                 bar.advance(task)
                 say(f"stored trial {len(done)}: {arm.key} {pset.name}/{prompt.id} #{i}")
+
+
+def _note_decode_bytes(engine, run_id: str, model_id: str, target) -> None:
+    """Store in the run's config what one decode step of this model reads (weights, KV per position)."""
+    from .bandwidth import decode_bytes
+
+    weights, kv = decode_bytes(target)
+    with Session(engine) as s:
+        run = s.get(Run, run_id)
+        config = json.loads(run.config)
+        if "bandwidth" not in config:  # a run begun before the limit was recorded: nothing to put it against
+            return
+        config["bandwidth"]["models"][model_id] = {"weight_bytes": weights, "kv_bytes_per_position": kv}
+        run.config = json.dumps(config)
+        s.add(run)
+        s.commit()
 
 
 def _stored_baseline(engine, run_id, model_id, set_name, prompt_id) -> list[int] | None:

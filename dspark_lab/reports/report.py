@@ -138,7 +138,7 @@ def _table(cls: str, head, rows: list[str]) -> str:
     return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-SUMMARY_HEAD = ("domain", "mode", "drafter", "cap", "median tok/s", "baseline tok/s", "speedup", "95% CI", "mean accept",
+SUMMARY_HEAD = ("domain", "mode", "drafter", "cap", "median tok/s", "baseline tok/s", "share of limit", "speedup", "95% CI", "mean accept",
                 "acceptance d0..dk", "trials", "prompts", "lossless / NOT / unchecked", "flag", "device", "run ids")
 
 
@@ -155,6 +155,7 @@ def _summary_rows(df: pl.DataFrame) -> list[str]:
         cells = [
             ("domain", r["domain"]), ("mode", r["mode"]), ("drafter", short_name(r["drafter_id"])), ("cap", r["cap"]),
             ("median_tok_s", _fmt(r["median_tok_s"], ".2f")), ("baseline_median_tok_s", _fmt(r["baseline_median_tok_s"], ".2f")),
+            ("limit_share", _fmt(r["limit_share"], ".1%")),
             ("speedup", _fmt(r["speedup"])), ("ci", ci), ("mean_accept_len", _fmt(r["mean_accept_len"])),
             ("per_position_acceptance", profile), ("trials", r["trials"]), ("prompts", r["prompts"]),
             # The baseline is the reference the others are checked against: nothing to count.
