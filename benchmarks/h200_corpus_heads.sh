@@ -126,13 +126,13 @@ case ${TIMING:-overlap} in
        --limit 2 --max-new-tokens 128 --repeats 2 --json "$run/overlap.json" > "$run/timing.log" 2>&1; rc=$? ;;
 esac
 [ -n "$rc" ] && { echo "$name timing rc=$rc at ${SECONDS}s"; grep -v Warning "$run/timing.log" | tail -12; }
-# SWEEP=1: the lab's own sweep of the kept head (`dspark-lab sweep`: baseline, lookup, and
+# SWEEP=1: the lab's own sweep of the kept head (`dspark-lab sweep`: baseline, mlx-lm's decoder beside it, lookup, and
 # dspark-pipe with device-side lookup and the compiled draft, at CAPS; SWEEP_PROMPTS prompts of each
 # built-in set, default 2; 2 trials after a warm-up; SWEEP_PRECISIONS=as-loaded,8,dequantized: the
 # target stored each way, each its own model in the results), device-stamped, into sweep.json: the result JSON
 # that `dspark-lab ingest` merges here and `dspark-lab report --png` draws (issue #10's evidence).
 if [ "${SWEEP:-0}" = 1 ]; then
-  python3 -m dspark_lab sweep -m "$model" -d "$head" --drafter-bits "$bits" --modes lookup,dspark-pipe --pipe-lookup --compile-draft \
+  python3 -m dspark_lab sweep -m "$model" -d "$head" --drafter-bits "$bits" --modes lookup,dspark-pipe,mlx-lm --pipe-lookup --compile-draft \
     --caps "${CAPS:-$cap}" --prompt-limit "${SWEEP_PROMPTS:-2}" --trials 2 -n 128 ${SWEEP_PRECISIONS:+--precisions "$SWEEP_PRECISIONS"} \
     --db "$run/sweep.duckdb" --json "$run/sweep.json" \
     > "$run/sweep.log" 2>&1

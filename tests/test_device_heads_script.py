@@ -144,7 +144,7 @@ def test_grid_times_the_init_head_at_each_precision_before_training(tmp_path):
 def test_sweep_runs_the_labs_sweep_on_the_kept_head_before_the_float_evaluation(tmp_path):
     out, calls, run = run_script(tmp_path, QUANT="4", SWEEP="1", CAPS="4,7")
     sweep = next(c for c in calls if "dspark_lab sweep" in c)
-    assert f"-d {run}/q4 --drafter-bits 4 " in sweep and "--modes lookup,dspark-pipe --pipe-lookup --compile-draft" in sweep
+    assert f"-d {run}/q4 --drafter-bits 4 " in sweep and "--modes lookup,dspark-pipe,mlx-lm --pipe-lookup --compile-draft" in sweep
     assert "--caps 4,7 --prompt-limit 2 " in sweep and f"--json {run}/sweep.json" in sweep
     assert calls.index(sweep) == len(calls) - 2 and "eval_float.json" in calls[-1]  # the float head's evaluation goes last
     assert "sweep rc=0" in out
