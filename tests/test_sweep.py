@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -120,6 +121,12 @@ def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
     assert all(r["divergence"]["index"] == r_idx for r, (r_idx,) in
                zip(again, rows(db, "select mismatch_index from trials where mode = 'lookup' order by id")))
     assert rows(db, "select count(*) from trials where mode = 'lookup' and mismatch_tie = false")[0][0] == 4
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "recheck_ties.py"
+    done = subprocess.run([sys.executable, str(script), "--db", str(db), "--out", str(tmp_path / "re.json")],
+                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 1, done.stderr  # real divergences remain: the exit status says so
+    assert "4 mismatched trials: 0 ties, 4 real; 0 verdicts changed" in done.stdout and "now REAL" in done.stdout
+    assert len(json.loads((tmp_path / "re.json").read_text())) == 4
 
 
 def test_a_version_1_database_gains_the_tie_columns(tmp_path):
