@@ -327,7 +327,7 @@ def sweep(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
     drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
     draft_model: Annotated[Optional[list[str]], typer.Option("--draft-model", help="Draft model for mode draft (repeatable); each is paired with every model whose tokenizer it shares.")] = None,
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dflash, draft, draft-pipe, and mlx-lm (mlx-lm's own decoder on the same model, a reference for our greedy) (the baseline always runs). Default: lookup, plus dspark, dspark-pipe and dflash when drafters are given (each head runs in the modes it loads as), plus draft and draft-pipe when draft models are given.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dflash, draft, draft-pipe, mlx-lm (mlx-lm's own decoder on the same model: a reference for our greedy). The baseline always runs. Default: lookup, plus dspark, dspark-pipe and dflash when drafters are given (each head runs in the modes it loads as), plus draft and draft-pipe when draft models are given.")] = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,

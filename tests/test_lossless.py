@@ -3,7 +3,9 @@ logit dtype can be ordered either way by kernels of different widths on a GPU.""
 
 import pytest
 
-from dspark_lab.lab.lossless import first_divergence, is_numerical_tie, is_tie_across_widths, rounding_step, width_gaps
+from dspark_lab.lab.lossless import (
+    VERIFY_WIDTH, first_divergence, is_numerical_tie, is_tie_across_widths, rounding_step, verify_width, width_gaps,
+)
 
 
 @pytest.mark.parametrize("x, dtype, step", [
@@ -70,3 +72,8 @@ def test_first_divergence_on_a_real_model_reports_a_real_gap(tiny_dirs):
     assert set(d["gaps"]) == {"prefill", "step", "verify_last", "verify_first"} and d["gap_spread"] < 1e-3
     assert d["prefill_picks"] == "a"  # the greedy token is the fresh prefill's argmax
     assert first_divergence(target, prompt, other, ref)["prefill_picks"] == "b"
+
+
+def test_verify_width_of_an_arm():
+    assert verify_width("7") == 8 and verify_width(4) == 5
+    assert verify_width("auto") == verify_width("0") == VERIFY_WIDTH  # no fixed draft count: a cap-7 verify

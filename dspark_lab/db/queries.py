@@ -204,7 +204,8 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
       averaged over the trials that drafted that deep;
     - lossless_trials / not_lossless_trials / unchecked_trials: every trial counted, none dropped;
       tie_trials: those of the not-lossless ones whose first difference is a numerical tie (a logit
-      gap within one rounding step of the logit dtype; unknown for trials stored before schema 2);
+      gap the target's own forwards of other widths move as far: lab/lossless.py; unknown for
+      trials stored before schema 2);
     - run_ids, device_keys: where the numbers come from;
     - limit_share: median over the arm's trials of decode tok/s over that trial's bandwidth limit
       (limit_tok_s: the plain-decoding bound; speculative arms may pass it); null for runs that

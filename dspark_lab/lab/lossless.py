@@ -27,6 +27,13 @@ MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 VERIFY_WIDTH = 8  # the block width the width test re-forwards: a cap-7 verify
 
 
+def verify_width(cap: str) -> int:
+    """The width a verify forward of an arm at `cap` has (the pending token and cap drafts);
+    VERIFY_WIDTH for arms that draft no fixed number (auto, or 0: the baseline, mlx-lm)."""
+    cap = str(cap)
+    return int(cap) + 1 if cap.isdigit() and int(cap) > 0 else VERIFY_WIDTH
+
+
 def rounding_step(x: float, dtype: str) -> float:
     """The spacing of representable numbers of `dtype` ("mlx.core.bfloat16" or "bfloat16") at |x|."""
     bits = MANTISSA_BITS.get(dtype.rsplit(".", 1)[-1], 23)

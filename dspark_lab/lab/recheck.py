@@ -24,7 +24,7 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
     its arm, prompt and first difference (lab/lossless.first_divergence, with the verify width of
     the trial's cap), and its old and new verdicts. Loads each model once, stored as its id says."""
     from ..engine.text import encode_prompt
-    from .lossless import VERIFY_WIDTH, first_divergence
+    from .lossless import first_divergence, verify_width
     from .prompts import load_prompt_sets
     from .sweep import load_variant
 
@@ -54,9 +54,8 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
         if prompt is None or base is None:
             raise InputError(f"trial {t.id} ({t.prompt_set}/{t.prompt_id} of run {t.run_id}) has no "
                              f"{'prompt in its set' if prompt is None else 'stored baseline'} to compare with.")
-        width = int(t.cap) + 1 if str(t.cap).isdigit() else VERIFY_WIDTH
         d = first_divergence(target, encode_prompt(tok, prompt.as_input()), json.loads(base.output_ids),
-                             json.loads(t.output_ids), width=width)
+                             json.loads(t.output_ids), width=verify_width(t.cap))
         row = {"trial": t.id, "run_id": t.run_id, "arm": t.arm_key, "prompt": f"{t.prompt_set}/{t.prompt_id}",
                "trial_index": t.trial_index, "was_tie": t.mismatch_tie, "divergence": d,
                "tie": bool(d and d.get("tie")), "gap": None if not d or "logit_a" not in d else abs(d["logit_a"] - d["logit_b"])}

@@ -212,15 +212,15 @@ def _trial_row(run_id, arm: Arm, trial_index, pset, prompt, cfg, r, caps_chosen,
 MISMATCH_WORDS = ("NOT LOSSLESS", "differs at a tie")
 
 
-def _classify_mismatch(target, tok, prompt, ref: list[int], out: list[int]) -> tuple[float | None, bool | None, str]:
+def _classify_mismatch(target, tok, prompt, ref: list[int], out: list[int], cap: str) -> tuple[float | None, bool | None, str]:
     """(gap, tie, words) for a trial whose output differs from the baseline's: the logit gap of
     the two competing tokens at the first difference, and whether forwards of other widths move
     that gap by as much (a numerical tie: low-precision kernels of different widths may break it
     either way; lab/lossless.py) or not (a real divergence, which a lossless engine must never show)."""
     from ..engine.text import encode_prompt
-    from .lossless import first_divergence
+    from .lossless import first_divergence, verify_width
 
-    d = first_divergence(target, encode_prompt(tok, prompt.as_input()), ref, out)
+    d = first_divergence(target, encode_prompt(tok, prompt.as_input()), ref, out, width=verify_width(cap))
     if d is None or d.get("length_differs"):
         return None, False, "the outputs differ in length"
     gap = abs(d["logit_a"] - d["logit_b"])
@@ -274,15 +274,10 @@ def run_sweep(
         else:
             from .. import __version__
 
-            from .bandwidth import copy_bandwidth
-
             run_id = uuid.uuid4().hex[:12]
             # The copy bandwidth, measured once a run, and each model's bytes a decode step reads
-            # (added as each loads) put every trial against the bandwidth limit (issue #10).
-            import mlx.core as mx
-
-            mib = BANDWIDTH_MIB["gpu" if mx.default_device().type == mx.DeviceType.gpu else "cpu"]
-            bandwidth = {"copy_bytes_per_s": copy_bandwidth(mib), "models": {}}
+            # (added as each loads: _note_decode_bytes) put every trial against the bandwidth limit.
+            bandwidth = {"copy_bytes_per_s": _measure_bandwidth(), "models": {}}
             s.add(Run(id=run_id, dspark_lab_version=__version__, device_key=device_key(stamp), machine=machine_class(stamp),
                       device_stamp=json.dumps(stamp, default=str),
                       config=json.dumps({**asdict(cfg), "key": cfg.key(), "prompt_set_versions": {p.name: p.version for p in sets},
@@ -444,7 +439,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                         mismatch = _first_mismatch(ref, r.token_ids)
                         lossless = mismatch is None
                         if not lossless:
-                            gap, tie, why = _classify_mismatch(target, tok, prompt, ref, r.token_ids)
+                            gap, tie, why = _classify_mismatch(target, tok, prompt, ref, r.token_ids, arm.cap)
                             msg = (f"{MISMATCH_WORDS[1] if tie else MISMATCH_WORDS[0]}: {arm.key} on {pset.name}/{prompt.id} "
                                    f"differs from baseline at token {mismatch}: {why}")
                             bar.console.print(f"[bold {'yellow' if tie else 'red'}]{msg}[/]")
@@ -457,6 +452,15 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                 done.add(cell)
                 bar.advance(task)
                 say(f"stored trial {len(done)}: {arm.key} {pset.name}/{prompt.id} #{i}")
+
+
+def _measure_bandwidth() -> float:
+    """This device's copy bandwidth in bytes a second (lab/bandwidth.py), over BANDWIDTH_MIB."""
+    import mlx.core as mx
+
+    from .bandwidth import copy_bandwidth
+
+    return copy_bandwidth(BANDWIDTH_MIB["gpu" if mx.default_device().type == mx.DeviceType.gpu else "cpu"])
 
 
 def _note_decode_bytes(engine, run_id: str, model_id: str, target) -> None:
