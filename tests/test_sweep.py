@@ -453,3 +453,16 @@ def test_every_trial_is_put_against_the_bandwidth_limit(tiny_dirs, tmp_path):
     assert trials_frame(engine)["limit_tok_s"].null_count() == t.height
     engine.dispose()
     assert rid
+
+
+def test_later_repeats_rotate_the_arm_order(tiny_dirs, tmp_path):
+    """Trial 0 of a prompt runs the baseline first (its tokens are the reference); trial 1 starts
+    one arm later, so the baseline is not always the first of its cell, and every arm is still
+    checked against the reference."""
+    db = tmp_path / "rot.duckdb"
+    run_sweep(SweepConfig(models=[str(tiny_dirs["qwen3"])], modes=["baseline", "lookup"], caps=["2", "3"], prompt_sets=["code"],
+                          trials=2, max_new_tokens=6, prompt_limit=1, warmup=False), db, progress=False)
+    order = [(t, m, c) for t, m, c in rows(db, "select trial_index, mode, cap from trials order by created_at")]
+    assert order == [(0, "baseline", "0"), (0, "lookup", "2"), (0, "lookup", "3"),
+                     (1, "lookup", "2"), (1, "lookup", "3"), (1, "baseline", "0")]
+    assert rows(db, "select count(*) from trials where mode = 'lookup' and lossless is null")[0][0] == 0

@@ -2,8 +2,9 @@
 device-stamped, in a DuckDB file as soon as it finishes.
 
 For each model the sweep loads the target once, warms every arm up, then walks the prompts;
-for each prompt and repeat it runs the baseline first and each arm right after it, so clock
-drift and thermal state hit baseline and arms alike. Each speculative output is compared with
+for each prompt it runs the baseline first and each arm right after it, so clock drift and
+thermal state hit baseline and arms alike; each later repeat rotates that order by one place, so
+no arm is always the first of its cell. Each speculative output is compared with
 the baseline's for the same prompt (greedy): `lossless` is stored with every trial, and a
 mismatch is reported loudly and kept, never dropped.
 
@@ -424,6 +425,12 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
             if not cell_arms:
                 continue
             ref_key = (pset.name, prompt.id)
+            # Trial 0 runs the baseline first: its tokens are the reference every arm is checked
+            # against. Later trials rotate the order by one place each, so whatever the first arm
+            # of a cell pays (a new prompt's allocations, the device settling after the last arm)
+            # does not land on the baseline every time and bias every speedup.
+            if i and len(cell_arms) > 1:
+                cell_arms = cell_arms[i % len(cell_arms):] + cell_arms[:i % len(cell_arms)]
             for n, arm in enumerate(cell_arms):
                 if n and cfg.cooldown:
                     time.sleep(cfg.cooldown)
