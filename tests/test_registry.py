@@ -163,3 +163,18 @@ def test_a_mismatch_at_a_numerical_tie_is_vouched_for_and_counted(tmp_path):
     pairs = {(p["target"], p["machine"]): p for p in build_registry(engine)["pairs"]}
     metal = pairs[("qwen3-8b", METAL)]
     assert (metal["mode"], metal["cap"], metal["speedup"], metal["tie_trials"]) == ("lookup", 4, 3.0, 1)
+
+
+def test_an_entry_carries_its_share_of_the_bandwidth_limit(tmp_path):
+    """Where the runs recorded their bandwidth (sweeps do), the entry says how close its tok/s came
+    to the plain-decoding limit; where they did not, it says nothing rather than guess."""
+    engine = synthetic_db(tmp_path)
+    assert all(p["limit_share"] is None for p in build_registry(engine)["pairs"])
+    # 1 GB/s over 10 MB of weights (no KV): a limit of 100 tok/s for every trial of MODEL_A
+    config = {"bandwidth": {"copy_bytes_per_s": 1e9, "models": {MODEL_A: {"weight_bytes": 10_000_000, "kv_bytes_per_position": 0}}}}
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET config = :c"), {"c": json.dumps(config)})
+    pairs = {(p["target"], p["machine"]): p for p in build_registry(engine)["pairs"]}
+    metal = pairs[("qwen3-8b", METAL)]
+    assert metal["model_id"] == MODEL_A and metal["limit_share"] == pytest.approx(metal["tok_s"] / 100.0)
+    assert pairs[("qwen3-8b", CUDA)]["limit_share"] is None  # another model id: no bytes recorded for it

@@ -207,7 +207,8 @@ def _lossless_section(trials: pl.DataFrame) -> str:
             "NOT reproduce the baseline's tokens. They are kept in every number and chart above; a lossless engine "
             "must never produce one, so treat it as a bug"
             + (f", except where the first difference is a numerical tie ({ties} of them: the two competing logits "
-               "within one rounding step of their dtype, which GPU kernels of different widths may order either way)"
+               "within one rounding step of their dtype plus how far forwards of other widths move their gap, so GPU kernels "
+               "of different widths may order them either way)"
                if ties else "") + ".</p>")
     return text + _table("not-lossless", head, rows)
 

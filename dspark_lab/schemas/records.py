@@ -116,8 +116,9 @@ class Trial(SQLModel, table=True):
     lossless: bool | None = None
     mismatch_index: int | None = None  # first differing token when not lossless
     # At that token: the logit gap of the two competing tokens (a fresh prefill of the common
-    # prefix, in the model's logit dtype) and whether it is within one rounding step of that dtype,
-    # i.e. a numerical tie that low-precision kernels may break either way (schema version 2).
+    # prefix, in the model's logit dtype) and whether it is a numerical tie that low-precision
+    # kernels may break either way: within one rounding step of that dtype plus how far the
+    # target's own forwards of other widths move the gap (lab/lossless.py; schema version 2).
     mismatch_gap: float | None = Field(default=None, sa_type=Double)
     mismatch_tie: bool | None = None
     created_at: datetime = Field(default_factory=utcnow)
