@@ -76,13 +76,14 @@ def _next_logits(target: Target, fed: list[list[int]], row: int) -> mx.array:
 
 
 def width_gaps(target: Target, context: list[int], a_tok: int, b_tok: int, follow: list[int],
-               width: int = VERIFY_WIDTH) -> dict[str, float]:
+               width: int = VERIFY_WIDTH, prefill: mx.array | None = None) -> dict[str, float]:
     """The gap logit(a_tok) - logit(b_tok) at the position after `context`, computed by forwards of
     several widths: "prefill" (the whole context at once), "step" (one token after the rest),
     "verify_last" (a block of `width` ending at the position) and "verify_first" (a block of
     `width` starting there, its other rows `follow`: the other output's tokens from the position
     on, as the drafts of a verify there would be). Rows after the position do not reach its logits
-    (causal attention); only the block's width does."""
+    (causal attention); only the block's width does. `prefill`: that position's logits from a
+    whole-context forward already made, so it is not made again."""
     n = len(context)
     plans = {"prefill": ([context], -1)}
     if n > 1:
@@ -94,7 +95,7 @@ def width_gaps(target: Target, context: list[int], a_tok: int, b_tok: int, follo
         plans["verify_first"] = ([context[:-1], context[-1:] + drafts], 0)
     gaps = {}
     for name, (fed, row) in plans.items():
-        logits = _next_logits(target, fed, row).astype(mx.float32)
+        logits = (prefill if name == "prefill" and prefill is not None else _next_logits(target, fed, row)).astype(mx.float32)
         gaps[name] = round(logits[a_tok].item() - logits[b_tok].item(), 5)
     return gaps
 
@@ -117,7 +118,7 @@ def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: lis
     la, lb = logits[a[i]].item(), logits[b[i]].item()
     best = int(mx.argmax(logits).item())
     picks = "a" if best == a[i] else "b" if best == b[i] else "other"
-    gaps = width_gaps(target, context, a[i], b[i], b[i:], width)
+    gaps = width_gaps(target, context, a[i], b[i], b[i:], width, prefill=out)
     tie, why = is_tie_across_widths(gaps, max(abs(la), abs(lb)), str(out.dtype))
     return {"index": i, "logit_a": round(la, 4), "logit_b": round(lb, 4), "top2_margin": round(top[1] - top[0], 4),
             "logit_dtype": str(out.dtype), "tie": tie, "why": why, "gaps": gaps,

@@ -26,7 +26,7 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
     from ..engine.text import encode_prompt
     from .lossless import first_divergence, verify_width
     from .prompts import load_prompt_sets
-    from .sweep import load_variant
+    from .sweep import stored_baseline, load_variant
 
     with Session(engine) as s:
         query = select(Trial).where(Trial.lossless == False)  # noqa: E712
@@ -48,14 +48,12 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
                 raise InputError(f"run {t.run_id}'s prompt sets {cfg['prompt_sets']} cannot be read here ({e}); "
                                  "recheck on a machine that has its prompt files.") from e
         prompt = next((p for p in sets[t.run_id][t.prompt_set].prompts if p.id == t.prompt_id), None)
-        with Session(engine) as s:
-            base = s.exec(select(Trial).where(Trial.run_id == t.run_id, Trial.model_id == t.model_id, Trial.mode == "baseline",
-                                              Trial.prompt_set == t.prompt_set, Trial.prompt_id == t.prompt_id)).first()
+        base = stored_baseline(engine, t.run_id, t.model_id, t.prompt_set, t.prompt_id)
         if prompt is None or base is None:
             raise InputError(f"trial {t.id} ({t.prompt_set}/{t.prompt_id} of run {t.run_id}) has no "
                              f"{'prompt in its set' if prompt is None else 'stored baseline'} to compare with.")
-        d = first_divergence(target, encode_prompt(tok, prompt.as_input()), json.loads(base.output_ids),
-                             json.loads(t.output_ids), width=verify_width(t.cap))
+        d = first_divergence(target, encode_prompt(tok, prompt.as_input()), base, json.loads(t.output_ids),
+                             width=verify_width(t.cap))
         row = {"trial": t.id, "run_id": t.run_id, "arm": t.arm_key, "prompt": f"{t.prompt_set}/{t.prompt_id}",
                "trial_index": t.trial_index, "was_tie": t.mismatch_tie, "divergence": d,
                "tie": bool(d and d.get("tie")), "gap": None if not d or "logit_a" not in d else abs(d["logit_a"] - d["logit_b"])}

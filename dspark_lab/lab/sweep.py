@@ -441,7 +441,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                 else:
                     ref = baseline_ids.get(ref_key)
                     if ref is None:  # resumed after the baseline was stored: compare with the stored one
-                        ref = _stored_baseline(engine, run_id, model_id, pset.name, prompt.id)
+                        ref = stored_baseline(engine, run_id, model_id, pset.name, prompt.id)
                     if ref is not None:
                         mismatch = _first_mismatch(ref, r.token_ids)
                         lossless = mismatch is None
@@ -486,7 +486,9 @@ def _note_decode_bytes(engine, run_id: str, model_id: str, target) -> None:
         s.commit()
 
 
-def _stored_baseline(engine, run_id, model_id, set_name, prompt_id) -> list[int] | None:
+def stored_baseline(engine, run_id, model_id, set_name, prompt_id) -> list[int] | None:
+    """The token ids of a run's stored baseline trial of this model and prompt (the reference a
+    resumed sweep, or a recheck, compares with); None when none is stored."""
     with Session(engine) as s:
         row = s.exec(select(Trial).where(Trial.run_id == run_id, Trial.model_id == model_id, Trial.mode == "baseline",
                                          Trial.prompt_set == set_name, Trial.prompt_id == prompt_id)).first()
