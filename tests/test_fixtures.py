@@ -1,8 +1,8 @@
 """The committed DSpark heads (distilled on the H200): small enough to commit, documented, and
 their tensors exactly the ones their config describes, loaded the strict way the engine loads
 them (quantized exactly where the file has scales). The SmolLM2 head's behaviour on the real
-model is checked in test_real_smollm2.py; the Qwen2.5-Coder-0.5B head's target is a 300 MB import
-CI does not make, so its accept lengths are the card's measurements."""
+model is checked in test_real_smollm2.py; the Qwen2.5-Coder heads' targets are 300 MB and 900 MB
+imports CI does not make, so their accept lengths are the cards' measurements."""
 
 import json
 from pathlib import Path
@@ -21,6 +21,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HEADS = {
     "smollm2-135m-dspark": (5, 1, 32, 576, None),
     "qwen2.5-coder-0.5b-dspark": (8, 2, 0, 896, 4),
+    "qwen2.5-coder-1.5b-dspark": (8, 2, 0, 1536, 4),
 }
 
 
