@@ -81,6 +81,7 @@ def main(argv=None) -> dict:
     from dspark_lab.engine.drafters.load import load_dspark
     from dspark_lab.engine.text import encode_prompt
     from dspark_lab.lab.bandwidth import copy_bandwidth, decode_bytes, limit_tokens_per_second
+    from dspark_lab.lab.device import mlx_env
     from dspark_lab.lab.lossless import first_divergence
     from dspark_lab.lab.prompts import load_prompt_sets
 
@@ -229,7 +230,7 @@ def main(argv=None) -> dict:
         print(f"{name:16} {med[name]:8.1f} {row['vs_greedy']:8.3f} {row['vs_mlx_lm']:8.3f} {row['fraction_of_limit']:6.1%} {row['mean_accept_len'] or '':>7}  "
               f"{row['identical_to_greedy']}{tie_note}" + (f" ({row['identical_to_plain_loop']})" if same_plain is not None else ""))
     result = {"model": args.model, "head": args.head, "caps": caps, "repeats": args.repeats, "max_new_tokens": n,
-              "prompts": len(prompts), "device": str(mx.default_device()), "rows": rows,
+              "prompts": len(prompts), "device": str(mx.default_device()), "mlx_env": mlx_env(), "rows": rows,
               "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2), "weight_bytes": weight_bytes, "kv_bytes_per_position": kv_per_position,
               "mean_context": round(context, 1), "limit_tok_s": round(limit, 1),
               "lookup_kernel_probe": kernel_verdict.to_dict() if kernel_verdict is not None else None,

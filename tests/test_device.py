@@ -17,7 +17,7 @@ STAMP_KEYS = {
     "timestamp", "backend", "default_device", "device_name", "device_memory_bytes", "device_info", "cpu_model",
     "cpu_count", "system_memory_bytes", "os", "os_version", "kernel", "arch", "python_version", "mlx_version",
     "mlx_lm_version", "mlx_vlm_version", "dspark_lab_version", "git_commit", "git_dirty", "engine_options",
-    "power_thermal",
+    "mlx_env", "power_thermal",
 }
 
 
@@ -58,6 +58,24 @@ def test_device_key_stable_and_ignores_volatile_fields(stamp):
 def test_device_key_changes_with_identity(stamp, field):
     assert field in KEY_FIELDS
     assert device_key(dict(stamp, **{field: "something else"})) != device_key(stamp)
+
+
+def test_mlx_environment_is_stamped_and_keys_the_device(monkeypatch):
+    """MLX_* settings (read once by MLX: e.g. the ops per CUDA graph) change a decode step's speed,
+    so a stamp records them and its key differs from the same machine's with MLX's defaults; a stamp
+    without any (or from before they were recorded) keeps the key it always had."""
+    for k in [k for k in os.environ if k.startswith("MLX_")]:
+        monkeypatch.delenv(k)
+    plain = collect_device_stamp()
+    assert plain["mlx_env"] == {}
+    monkeypatch.setenv("MLX_MAX_OPS_PER_BUFFER", "100")
+    monkeypatch.setenv("NOT_MLX", "1")
+    tuned = collect_device_stamp()
+    assert tuned["mlx_env"] == {"MLX_MAX_OPS_PER_BUFFER": "100"}
+    assert device_key(tuned) != device_key(plain)
+    assert device_key({k: v for k, v in plain.items() if k != "mlx_env"}) == device_key(plain)
+    rows = {name: (status, detail) for name, status, detail in doctor_report()}
+    assert rows["MLX environment"] == ("ok", "MLX_MAX_OPS_PER_BUFFER=100: results carry these, and their device key names them")
 
 
 def test_device_key_memory_in_whole_gib(stamp):

@@ -270,6 +270,21 @@ def _git_state() -> tuple[str | None, bool | None]:
     return commit, (bool(status) if status is not None else None)
 
 
+# --- MLX's environment ---------------------------------------------------------------------------
+
+# MLX reads its tuning settings from the environment once, when it first uses the device: on CUDA,
+# how many operations go into one CUDA graph (MLX_MAX_OPS_PER_BUFFER, 20 by default) and how many
+# graphs it keeps (MLX_CUDA_GRAPH_CACHE_SIZE); on Metal, the command buffer sizes. A launch-bound
+# decode step's speed depends on them, so a result carries the ones that were set.
+MLX_ENV_PREFIX = "MLX_"
+
+
+def mlx_env(environ=None) -> dict[str, str]:
+    """The MLX_* variables set in this process's environment (empty: MLX's own defaults)."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in sorted(environ) if k.startswith(MLX_ENV_PREFIX)}
+
+
 # --- the stamp -----------------------------------------------------------------------------------
 
 
@@ -315,13 +330,17 @@ def collect_device_stamp(engine_options: dict | None = None) -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
         "engine_options": _jsonable(dict(engine_options or {})),
+        "mlx_env": mlx_env(),
         "power_thermal": _power_thermal(),
     }
 
 
 def device_key(stamp: dict) -> str:
-    """Short stable hash of the fields that change performance (KEY_FIELDS)."""
+    """Short stable hash of the fields that change performance (KEY_FIELDS, and MLX's environment
+    settings where any is set)."""
     identity = {k: stamp.get(k) for k in KEY_FIELDS}
+    if stamp.get("mlx_env"):  # only when set: stamps from before it was recorded keep their keys
+        identity["mlx_env"] = stamp["mlx_env"]
     # Whole GiB: MemTotal moves by a few MB between kernels on the same machine.
     mem = identity["device_memory_bytes"]
     identity["device_memory_bytes"] = round(mem / 2**30) if isinstance(mem, (int, float)) else mem
@@ -439,6 +458,9 @@ def doctor_report() -> list[tuple[str, str, str]]:
     else:
         rows.append(("HF_HUB_OFFLINE", "ok", "not set: a repo id that is not cached is downloaded from the Hugging Face hub."))
 
+    env = mlx_env()
+    rows.append(("MLX environment", "ok", ", ".join(f"{k}={v}" for k, v in env.items()) + ": results carry these, and their device key names them"
+                 if env else "no MLX_* setting: MLX's defaults."))
     rows.append(_cache_check())
     return rows
 
