@@ -128,6 +128,16 @@ def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
     assert "4 mismatched trials: 0 ties, 4 real; 0 verdicts changed" in done.stdout and "now REAL" in done.stdout
     assert len(json.loads((tmp_path / "re.json").read_text())) == 4
 
+    # A run whose prompt file this machine lacks is refused, saying where to recheck it.
+    engine = open_db(db)
+    with engine.begin() as conn:
+        cfg = json.loads(conn.exec_driver_sql("select config from runs").fetchone()[0])
+        cfg["prompt_sets"] = [str(tmp_path / "gone.jsonl")]
+        conn.exec_driver_sql("update runs set config = ?", (json.dumps(cfg),))
+    with pytest.raises(InputError, match=r"prompt sets .*gone\.jsonl.* cannot be read here .*on a machine that has its prompt files"):
+        recheck_mismatches(engine)
+    engine.dispose()
+
 
 def test_a_version_1_database_gains_the_tie_columns(tmp_path):
     """Databases written before schema 2 are migrated in place; their old trials stay unknown (NULL)."""
