@@ -96,7 +96,7 @@ def generate(
     confidence_threshold: Annotated[float, typer.Option(help="Cut a DSpark draft where the head's confidence falls below this (0 = off).")] = 0.0,
     lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on). In dspark-pipe mode the match runs on the device and its tokens replace the head's slot by slot (default: off, not yet measured on a GPU).")] = None,
     lookup_kernel: Annotated[Optional[bool], typer.Option("--lookup-kernel/--no-lookup-kernel", help="In dspark-pipe mode with --lookup-drafts, run the n-gram match as one custom CUDA kernel. Default: as a one-time probe on this machine found it (exact and faster; stored in --db).")] = None,
-    compile_draft: Annotated[bool, typer.Option(help="In dspark-pipe mode, append the head's context and draft through one compiled trace per round (greedy; off until measured faster on a GPU).")] = False,
+    compile_draft: Annotated[Optional[bool], typer.Option("--compile-draft/--no-compile-draft", help="In dspark-pipe mode, append the head's context and draft through one compiled trace per round (greedy; default: off, or as the registry measured the pair with --mode auto).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy; > 0 samples (speculative paths stay exact samples of the model).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1]; 1 disables.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens; 0 disables.")] = 0,
@@ -143,6 +143,13 @@ def generate(
                       f"over {ev.get('trials')} trials on {ev.get('machine') or ev.get('device')} (runs {ev.get('run_ids')})[/]")
             mode, max_draft = Mode(pair.mode), pair.max_draft_tokens
             auto_cap = auto_cap or ev.get("cap") == "auto"
+            # The loop options the pair was measured with (dspark-pipe: device lookup drafts, the
+            # compiled draft), unless given here: without them it would not run at the measured speed.
+            measured = ev.get("options") or {}
+            lookup_drafts = measured.get("lookup_drafts") if lookup_drafts is None else lookup_drafts
+            compile_draft = measured.get("compile_draft") if compile_draft is None else compile_draft
+            if measured:
+                err.print(f"[dim]auto: measured with {', '.join(f'{k}={v}' for k, v in measured.items())}[/]")
         except DsparkError as e:
             err.print(f"[dim]auto: {e} Using lookup decoding.[/]")
             mode = Mode.lookup
@@ -204,7 +211,7 @@ def generate(
     if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dflash):
         result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
                                       confidence_threshold=confidence_threshold, cap_controller=controller,
-                                      pipeline=mode is Mode.dspark_pipe, compile_draft=compile_draft,
+                                      pipeline=mode is Mode.dspark_pipe, compile_draft=bool(compile_draft),
                                       lookup_kernel=bool(lookup_kernel), **common)
     elif mode in draft_modes:
         result = draft_model_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, cap_controller=controller,
@@ -534,16 +541,19 @@ def registry_build(
     out_file: Annotated[Path, typer.Option("--out", help="Registry JSON to write.")],
     db: Annotated[Path, typer.Option(help="Results database.")] = Path("results.duckdb"),
     min_trials: Annotated[int, typer.Option(help="Fewest trials an arm needs to be vouched for.")] = 6,
+    run: Annotated[Optional[list[str]], typer.Option(help="Only these run ids (repeatable; see `export --list`).")] = None,
+    name: Annotated[Optional[list[str]], typer.Option(help="OLD=NEW: record a model or drafter stored as OLD under the name NEW, e.g. the measuring machine's path of a head as fixtures/NAME, where users of the registry have it (repeatable).")] = None,
 ):
     """Per target and machine class, the best measured arm; arms with too few or non-lossless trials are refused."""
     from .db import open_db
-    from .reports.registry import build_registry, registry_table, write_registry
+    from .reports.registry import build_registry, parse_names, registry_table, write_registry
 
+    names = parse_names(name or [])
     if not db.exists():
         raise DsparkError(f"no database at {str(db)!r}; run a sweep first or pass --db.")
     engine = open_db(db)
     try:
-        reg = build_registry(engine, min_trials)
+        reg = build_registry(engine, min_trials, run_ids=run or None, names=names)
     finally:
         engine.dispose()
     write_registry(reg, out_file)

@@ -112,6 +112,34 @@ def test_generate_auto_without_registry_entry_falls_back_to_lookup(tiny_dirs):
     assert "no measured drafter" in r.output and "Using lookup decoding" in r.output
 
 
+def test_generate_auto_runs_the_registry_pair_with_its_measured_loop_options(tiny_dirs, tmp_path, monkeypatch):
+    """--mode auto takes the registry's head, mode and cap, and the loop options the pair was measured
+    with (dspark-pipe: device lookup drafts, the compiled draft) unless the command line sets them."""
+    import dspark_lab.engine as engine_mod
+    from dspark_lab.engine import speculative as spec_mod
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
+    entry = {"model_id": str(tiny_dirs["qwen3"]), "mode": "dspark-pipe", "drafter": str(head), "cap": 3,
+             "speedup": 1.8, "trials": 6, "device": "NVIDIA H200 (cuda)", "run_ids": ["r"], "date": "2026-12-03",
+             "options": {"lookup_drafts": True, "compile_draft": True}}
+    from dspark_lab.engine.names import target_key
+
+    entry["target"] = target_key(str(tiny_dirs["qwen3"]))
+    monkeypatch.setattr(spec_mod, "read_registry", lambda path=None: [entry])
+    seen = []
+    real = engine_mod.speculative_generate
+    monkeypatch.setattr(engine_mod, "speculative_generate", lambda *a, **k: seen.append(k) or real(*a, **k))
+    args = ["generate", "-m", str(tiny_dirs["qwen3"]), "--mode", "auto", "-p", "hello", "-n", "6"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "auto: dspark-pipe drafter" in r.output and "measured with lookup_drafts=True, compile_draft=True" in r.output
+    assert (seen[-1]["pipeline"], seen[-1]["lookup_drafts"], seen[-1]["compile_draft"], seen[-1]["max_draft_tokens"]) == (True, True, True, 3)
+    r = runner.invoke(app, args + ["--no-compile-draft", "--no-lookup-drafts"])  # the command line wins
+    assert r.exit_code == 0, r.output
+    assert (seen[-1]["lookup_drafts"], seen[-1]["compile_draft"]) == (False, False)
+
+
 def test_doctor_prints_stamp_and_checks():
     r = runner.invoke(app, ["doctor"])
     assert r.exit_code == 0, r.output

@@ -105,6 +105,9 @@ def test_target_key_is_quant_agnostic():
     assert target_key("/models/Qwen3-8B-MLX-bf16/") == "qwen3-8b"
     assert target_key("SmolLM2-135M-Instruct-q4") == "smollm2-135m-instruct"
     assert target_key("gemma-3-4b-it") == "gemma-3-4b-it"  # "-it" is the instruct tune, not a quantization
+    # fetch-model's folders name the bits and the scales' dtype: every import of a model is one target
+    assert target_key("/root/.cache/dspark-lab/models/qwen2.5-coder-0.5b-q4-bfloat16") == "qwen2.5-coder-0.5b"
+    assert target_key("qwen2.5-coder-0.5b-q8-float32") == target_key("qwen2.5-coder-0.5b") == "qwen2.5-coder-0.5b"
 
 
 def test_load_pair_picks_the_registry_drafter(tmp_path):
@@ -178,3 +181,77 @@ def test_an_entry_carries_its_share_of_the_bandwidth_limit(tmp_path):
     metal = pairs[("qwen3-8b", METAL)]
     assert metal["model_id"] == MODEL_A and metal["limit_share"] == pytest.approx(metal["tok_s"] / 100.0)
     assert pairs[("qwen3-8b", CUDA)]["limit_share"] is None  # another model id: no bytes recorded for it
+
+
+def _pipe_db(tmp_path, model: str, head: str, config: dict):
+    """A run of a dspark-pipe arm at cap 3, 1.8x plain decoding over 6 trials, with this run config."""
+    engine = open_db(tmp_path / "pipe.duckdb")
+    with Session(engine) as s:
+        s.add(Run(id="rp", status="finished", dspark_lab_version="0.1.0", device_key="k", machine=CUDA,
+                  device_stamp=json.dumps({"backend": "cuda"}), config=json.dumps(config)))
+        for p in PROMPTS:
+            for i in range(2):
+                s.add(trial("rp", model, "baseline", "0", p, i, 100.0))
+                s.add(trial("rp", model, "dspark-pipe", "3", p, i, 180.0, drafter=head))
+        s.commit()
+    return engine
+
+
+def test_an_entry_names_its_heads_where_users_have_them_and_its_loop_options(tmp_path, monkeypatch):
+    """A registry built on the GPU machine names the head by the measuring machine's path; --name
+    records it as fixtures/NAME, which load_pair finds from a checkout (or refuses, saying where it
+    is); a dspark-pipe entry keeps the loop options it ran with, which callers must repeat."""
+    from dspark_lab.errors import LoadError
+    from dspark_lab.reports.registry import parse_names
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tinytarget-q4-bfloat16", "qwen3")
+    checkout = tmp_path / "checkout"
+    head = build_tiny_dspark(checkout / "fixtures" / "tiny-dspark", model, block_size=4)
+    engine = _pipe_db(tmp_path, str(model), "/root/ship/data/head", {"pipe_lookup": True, "compile_draft": True})
+    names = parse_names(["/root/ship/data/head=fixtures/tiny-dspark", f"{model}=tinytarget"])
+    reg = build_registry(engine, names=names)
+    [entry] = reg["pairs"]
+    assert (entry["target"], entry["model_id"], entry["drafter"]) == ("tinytarget", "tinytarget", "fixtures/tiny-dspark")
+    assert (entry["mode"], entry["cap"], entry["speedup"]) == ("dspark-pipe", 3, 1.8)
+    assert entry["options"] == {"lookup_drafts": True, "compile_draft": True}
+    path = write_registry(reg, tmp_path / "registry.json")
+
+    monkeypatch.chdir(checkout)  # a clone of the repository: fixtures/ is where the registry says
+    _, _, drafter, cfg = load_pair(str(model), registry=path)
+    assert cfg.mode == "dspark-pipe" and cfg.max_draft_tokens == 3 and cfg.drafter == "fixtures/tiny-dspark"
+    assert cfg.evidence["options"] == {"lookup_drafts": True, "compile_draft": True}
+    monkeypatch.chdir(tmp_path)  # an installation with no checkout beside it
+    with pytest.raises(LoadError, match="'fixtures/tiny-dspark', a head committed in the dspark-lab repository.*pass drafter="):
+        load_pair(str(model), registry=path)
+    assert head.exists()
+
+    for bad in (["nothing-to-rename"], ["=x"], ["x="]):
+        with pytest.raises(DsparkError, match="give OLD=NEW"):
+            parse_names(bad)
+    # Runs that disagree on an option: the entry claims none it cannot vouch for.
+    with Session(engine) as s:
+        s.add(Run(id="rp2", status="finished", dspark_lab_version="0.1.0", device_key="k", machine=CUDA,
+                  device_stamp=json.dumps({"backend": "cuda"}), config=json.dumps({"pipe_lookup": False, "compile_draft": True})))
+        s.commit()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE trials SET run_id = 'rp2' WHERE trial_index = 1"))
+    [entry] = build_registry(engine)["pairs"]
+    assert entry["options"] == {"compile_draft": True}
+
+
+def test_the_shipped_registry_names_heads_this_checkout_has():
+    """dspark_lab/data/registry.json (built from the H200 sweeps of docs/results): every entry's head
+    is a committed fixture, the pair is faster than plain decoding over enough lossless trials."""
+    from pathlib import Path
+
+    from dspark_lab.engine.speculative import _registry_drafter
+
+    pairs = read_registry()
+    assert pairs, "the shipped registry is empty"
+    root = Path(__file__).resolve().parents[1]
+    for p in pairs:
+        assert p["drafter"].startswith("fixtures/") and (root / p["drafter"] / "config.json").is_file()
+        assert Path(_registry_drafter(p["drafter"], p["target"])).resolve() == (root / p["drafter"]).resolve()
+        assert p["speedup"] > 1.0 and p["trials"] >= MIN_TRIALS and p["target"] == target_key(p["target"])
+        assert p["mode"] in ("dspark", "dspark-pipe", "lookup") and isinstance(p["options"], dict)

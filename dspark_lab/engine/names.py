@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 
 # Quantization / packaging suffixes that do not change which model it is. Stripped repeatedly
-# from the end: "Qwen3-8B-MLX-4bit" -> "qwen3-8b".
+# from the end: "Qwen3-8B-MLX-4bit" -> "qwen3-8b", and `fetch-model`'s folders
+# ("qwen2.5-coder-0.5b-q4-bfloat16": bits, then the scales' dtype) -> "qwen2.5-coder-0.5b".
 _QUANT_SUFFIX = re.compile(
-    r"[-_.](mlx|gguf|\d+-?bits?|q\d+(_k)?(_[0-9a-z]+)?|bf16|fp16|f16|fp32|f32|fp8|int[48]|dwq|awq|gptq|mxfp4)$",
+    r"[-_.](mlx|gguf|\d+-?bits?|q\d+(_k)?(_[0-9a-z]+)?|bf16|bfloat16|fp16|f16|float16|fp32|f32|float32|fp8|int[48]|dwq|awq|gptq|mxfp4)$",
     re.IGNORECASE,
 )
 

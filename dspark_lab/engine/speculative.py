@@ -7,6 +7,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Callable, Sequence
 
 import mlx.core as mx
@@ -196,7 +197,8 @@ def load_pair(
     PairConfig's `evidence` says which measurement the choice rests on. A model with no entry
     is an error that says to pass `drafter=` or use lookup. A `mode` of "dspark-pipe" means the
     head was measured fastest through the pipelined loop: pass `pipeline=True` to
-    speculative_generate."""
+    speculative_generate, with the loop options it was measured with (`evidence["options"]`:
+    lookup_drafts, compile_draft)."""
     source, evidence, mode = "user", {}, "dspark"
     if drafter is None:
         entry = _registry_entry(str(model), registry, machine)
@@ -216,11 +218,12 @@ def load_pair(
                 f"the registry's best measured mode for {str(model)!r} is {entry['mode']} with the draft model {entry['drafter']!r}: "
                 f"use --mode {entry['mode']} --draft-model {entry['drafter']} (load_draft_pair), or pass drafter= with a head."
             )
-        drafter, source, mode = entry["drafter"], "registry", entry.get("mode", "dspark")
+        drafter, source, mode = _registry_drafter(entry["drafter"], str(model)), "registry", entry.get("mode", "dspark")
         cap = entry.get("cap")
         if max_draft_tokens is None and isinstance(cap, int):
             max_draft_tokens = cap
         evidence = {k: entry.get(k) for k in ("speedup", "ci", "mean_accept_len", "trials", "machine", "device", "run_ids", "date", "cap")}
+        evidence["options"] = dict(entry.get("options") or {})
     return _load_head_pair(model, drafter, mode, drafter_bits=drafter_bits, drafter_window=drafter_window,
                            max_draft_tokens=max_draft_tokens, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype,
                            source=source, evidence=evidence)
@@ -242,6 +245,25 @@ def _backend() -> str:
     if mx.default_device().type != mx.gpu:
         return "cpu"
     return "metal" if mx.metal.is_available() else "cuda"
+
+
+def _registry_drafter(drafter: str, model: str) -> str:
+    """A registry entry's drafter as this machine has it. The shipped registry names the heads
+    committed in the dspark-lab repository by their place there (fixtures/NAME): found from the
+    current directory, or in the checkout this package runs from. Anything else (a path, a hub
+    repo id) is returned as written, for the loaders to find or explain."""
+    if Path(drafter).expanduser().exists():
+        return drafter
+    in_checkout = Path(__file__).resolve().parents[2] / drafter
+    if not Path(drafter).is_absolute() and in_checkout.exists():
+        return str(in_checkout)
+    if drafter.replace("\\", "/").startswith("fixtures/"):
+        raise LoadError(
+            f"the registry's drafter for {model!r} is {drafter!r}, a head committed in the dspark-lab repository, and "
+            "this installation has no checkout beside it. Run from a clone of the repository (pip install -e .), or pass "
+            "drafter= (--drafter DIR) with a copy of that folder."
+        )
+    return drafter
 
 
 def _registry_entry(model: str, registry, machine: str | None) -> dict | None:

@@ -6,7 +6,8 @@ trial that did not reproduce the baseline's tokens, with a trial never compared 
 or no faster than plain decoding is left out and listed under "refused" with the reason.
 
 The JSON is what dspark_lab.engine.speculative.read_registry / load_pair read: each entry keeps
-`target`, `drafter`, `cap`, `speedup`, `trials`, `device`, `run_ids` and `date`.
+`target`, `drafter`, `cap`, `speedup`, `trials`, `device`, `run_ids`, `date` and the `options` its
+loop was measured with (for dspark-pipe: lookup_drafts, compile_draft).
 """
 
 from __future__ import annotations
@@ -66,6 +67,35 @@ def _provenance(runs: pl.DataFrame, run_ids: list[str]) -> dict:
     }
 
 
+def _loop_options(runs: pl.DataFrame, run_ids: list[str], mode: str) -> dict:
+    """The options the arm's loop ran with, which a caller must repeat to get the measured speed:
+    for dspark-pipe, device-side lookup drafts and the compiled draft (the sweep's --pipe-lookup
+    and --compile-draft, as speculative_generate's lookup_drafts and compile_draft). Only those
+    every run agrees on; empty for the other modes."""
+    if mode != "dspark-pipe":
+        return {}
+    configs = []
+    for r in runs.filter(pl.col("id").is_in(run_ids)).to_dicts():
+        try:
+            configs.append(json.loads(r["config"] or "{}"))
+        except json.JSONDecodeError:
+            return {}
+    seen = {"lookup_drafts": {bool(c.get("pipe_lookup")) for c in configs},
+            "compile_draft": {bool(c.get("compile_draft")) for c in configs}}
+    return {option: values.pop() for option, values in seen.items() if len(values) == 1}
+
+
+def parse_names(pairs: list[str]) -> dict[str, str]:
+    """["OLD=NEW", ...] -> {OLD: NEW}: how `registry build --name` records a model or drafter."""
+    names = {}
+    for pair in pairs:
+        old, sep, new = pair.partition("=")
+        if not sep or not old or not new:
+            raise DsparkError(f"--name {pair!r}: give OLD=NEW, e.g. /root/ship/data/head=fixtures/qwen2.5-coder-0.5b-dspark.")
+        names[old] = new
+    return names
+
+
 def _refusal(arm: dict, min_trials: int) -> str | None:
     n = arm["trials"]
     real = arm["not_lossless_trials"] - arm["tie_trials"]
@@ -89,8 +119,11 @@ def _arm_dict(arm: dict) -> dict:
 
 
 def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: list[str] | None = None,
-                   n_boot: int = 1000, seed: int = 0) -> dict:
-    """The registry (a JSON-ready dict) from every trial in the database (or in `run_ids`)."""
+                   names: dict[str, str] | None = None, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The registry (a JSON-ready dict) from every trial in the database (or in `run_ids`).
+    `names` records a model or drafter id under another name: a registry meant for other machines
+    names a head where its users have it (fixtures/NAME in the repository), not where the measuring
+    machine kept it."""
     if min_trials < 1:
         raise DsparkError(f"--min-trials must be at least 1, got {min_trials}.")
     trials = trials_frame(engine, run_ids)
@@ -142,7 +175,12 @@ def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: lis
             "run_ids": best["run_ids"],
             "date": prov["date"],
             "versions": prov["versions"],
+            "options": _loop_options(runs, best["run_ids"], best["mode"]),
         })
+    names = names or {}
+    for entry in pairs + refused:
+        for field in ("model_id", "drafter"):
+            entry[field] = names.get(entry[field], entry[field])
     refused.sort(key=lambda r: (r["target"], r["machine"] or "", r["mode"], r["drafter"] or "", cap_order(str(r["cap"]))))
     return {"schema_version": SCHEMA_VERSION, "note": NOTE.format(min_trials=min_trials), "min_trials": min_trials,
             "pairs": pairs, "refused": refused}
