@@ -255,3 +255,14 @@ def test_the_shipped_registry_names_heads_this_checkout_has():
         assert Path(_registry_drafter(p["drafter"], p["target"])).resolve() == (root / p["drafter"]).resolve()
         assert p["speedup"] > 1.0 and p["trials"] >= MIN_TRIALS and p["target"] == target_key(p["target"])
         assert p["mode"] in ("dspark", "dspark-pipe", "lookup") and isinstance(p["options"], dict)
+
+
+def test_the_readme_shows_the_shipped_registry_as_it_is():
+    """The README's table of measured pairs is the shipped registry's Markdown, row for row."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    rows = [line for line in registry_markdown(load_registry(root / "dspark_lab" / "data" / "registry.json")).splitlines()
+            if line.startswith("| ")]
+    readme = (root / "README.md").read_text().splitlines()
+    assert rows and all(row in readme for row in rows)
