@@ -32,6 +32,9 @@ MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dflash", "draft", "draf
 # mlx-lm: mlx-lm's own decoder on the same model (engine/reference.py), one trial per prompt beside
 # the baseline: its "speedup" is mlx-lm's rate over our greedy's, measured side by side.
 REFERENCE_MODES = ("mlx-lm",)
+# The arms that decode one token a forward and draft nothing: no cap, no acceptance, never a
+# registry entry or a drafting chart's series.
+NON_DRAFTING_MODES = ("baseline", *REFERENCE_MODES)
 # The copy a run's bandwidth is measured with (lab/bandwidth.py): on a GPU well past its caches
 # (an H200's L2 is 50 MB); on a CPU 64 MiB gives the same figure as 1 GiB in a tenth of the time.
 BANDWIDTH_MIB = {"gpu": 1024, "cpu": 64}

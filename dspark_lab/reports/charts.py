@@ -16,7 +16,7 @@ import polars as pl
 from ..db.queries import cap_order
 from ..lab.controller import DEFAULT_ACCEPTANCE, static_cap
 from ..lab.curves import CostCurves
-from ..lab.sweep import REFERENCE_MODES
+from ..lab.sweep import NON_DRAFTING_MODES
 from ..engine.names import short_name
 
 WIDTH, HEIGHT = 240, 170  # one facet panel
@@ -66,7 +66,7 @@ def label_arms(df: pl.DataFrame) -> pl.DataFrame:
     several = pl.col("drafter_id").n_unique().over("machine", "model_id", "mode") > 1
     series = pl.when(several).then(pl.format("{}:{}", pl.col("mode"), pl.col("drafter"))).otherwise(pl.col("mode"))
     df = df.with_columns(series=series)
-    arm = (pl.when(pl.col("mode").is_in(["baseline", *REFERENCE_MODES])).then(pl.col("mode"))  # no cap: they do not draft
+    arm = (pl.when(pl.col("mode").is_in(NON_DRAFTING_MODES)).then(pl.col("mode"))  # no cap: they do not draft
            .otherwise(pl.format("{} cap {}", pl.col("series"), pl.col("cap"))))
     return df.with_columns(arm=arm, panel=pl.format("{} on {}", pl.col("model"), pl.col("machine").fill_null("?")))
 
@@ -137,7 +137,7 @@ def throughput_chart(summary: pl.DataFrame) -> alt.FacetChart | None:
 
 def accept_hist_chart(trials: pl.DataFrame) -> alt.FacetChart | None:
     """Distribution of tokens committed per round (accept length, bonus token included) per arm."""
-    df = trials.filter(~pl.col("mode").is_in(["baseline", *REFERENCE_MODES]))  # the modes that draft
+    df = trials.filter(~pl.col("mode").is_in(NON_DRAFTING_MODES))  # the modes that draft
     if df.is_empty():
         return None
     df = (label_arms(df).select("panel", "arm", "mode", "series", "cap", "accept_lengths").explode("accept_lengths")
@@ -162,7 +162,7 @@ def accept_hist_chart(trials: pl.DataFrame) -> alt.FacetChart | None:
 
 def position_chart(summary_all: pl.DataFrame) -> alt.FacetChart | None:
     """Conditional acceptance at each draft position d0..dk per arm (pooled over domains)."""
-    df = label_arms(summary_all).filter(~pl.col("mode").is_in(["baseline", *REFERENCE_MODES]))
+    df = label_arms(summary_all).filter(~pl.col("mode").is_in(NON_DRAFTING_MODES))
     rows = []
     for r in df.iter_rows(named=True):
         for i, p in enumerate(r["per_position_acceptance"] or []):

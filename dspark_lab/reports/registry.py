@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from ..db.queries import cap_order, runs_frame, summary, trials_frame
 from ..errors import DsparkError
 from ..engine.names import short_name, target_key
-from ..lab.sweep import REFERENCE_MODES
+from ..lab.sweep import NON_DRAFTING_MODES
 
 SCHEMA_VERSION = 1
 
@@ -129,7 +129,7 @@ def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: lis
     trials = trials_frame(engine, run_ids)
     arms = summary(engine, n_boot=n_boot, seed=seed, by_domain=False, trials=trials)
     # Only drafting arms compete: the baseline and mlx-lm's own decoder (a reference) do not draft.
-    arms = arms.filter(~pl.col("mode").is_in(["baseline", *REFERENCE_MODES]))
+    arms = arms.filter(~pl.col("mode").is_in(NON_DRAFTING_MODES))
     runs = runs_frame(engine, run_ids)
 
     candidates: dict[tuple[str, str], list[dict]] = {}
