@@ -250,17 +250,24 @@ def _backend() -> str:
 def _registry_drafter(drafter: str, model: str) -> str:
     """A registry entry's drafter as this machine has it. The shipped registry names the heads
     committed in the dspark-lab repository by their place there (fixtures/NAME): found from the
-    current directory, or in the checkout this package runs from. Anything else (a path, a hub
-    repo id) is returned as written, for the loaders to find or explain."""
+    current directory, in the checkout this package runs from (pip install -e .), or in the
+    package itself, where a wheel's build put the heads the registry names (setup.py:
+    dspark_lab/heads/NAME). Anything else (a path, a hub repo id) is returned as written, for the
+    loaders to find or explain."""
     if Path(drafter).expanduser().exists():
         return drafter
-    in_checkout = Path(__file__).resolve().parents[2] / drafter
+    package = Path(__file__).resolve().parents[1]
+    in_checkout = package.parent / drafter
     if not Path(drafter).is_absolute() and in_checkout.exists():
         return str(in_checkout)
     if drafter.replace("\\", "/").startswith("fixtures/"):
+        shipped = package / "heads" / Path(drafter).name
+        if shipped.is_dir():
+            return str(shipped)
         raise LoadError(
             f"the registry's drafter for {model!r} is {drafter!r}, a head committed in the dspark-lab repository, and "
-            "this installation has no checkout beside it. Run from a clone of the repository (pip install -e .), or pass "
+            "this installation has neither a checkout beside it nor the head inside the package. Reinstall dspark-lab "
+            "(a wheel carries the registry's heads), run from a clone of the repository (pip install -e .), or pass "
             "drafter= (--drafter DIR) with a copy of that folder."
         )
     return drafter
