@@ -324,6 +324,20 @@ def calibrate(
                   + ("within 5%" if report["within_5_percent"] else "NOT within 5%"))
 
 
+def _sweep_events(verbose: bool):
+    """The sweep's on_event for the terminal: its messages dimmed on stderr, except those it has
+    printed in colour above its progress bar already (a trial that differs from its baseline) and,
+    unless verbose, the one it sends per stored trial (the bar counts those)."""
+    from .lab.sweep import MISMATCH_WORDS
+
+    def event(msg: str) -> None:
+        if msg.startswith(MISMATCH_WORDS) or (not verbose and msg.startswith("stored")):
+            return
+        err.print(f"[dim]{msg}[/]", highlight=False)
+
+    return event
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
@@ -368,15 +382,7 @@ def sweep(
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
                           launch_every=launch_every, pipe_lookup=pipe_lookup, compile_draft=compile_draft, precisions=_csv(precisions))
-    from .lab.sweep import MISMATCH_WORDS
-
-    def event(msg: str) -> None:
-        if msg.startswith(MISMATCH_WORDS):  # the sweep has printed it in colour already
-            return
-        if verbose or not msg.startswith("stored"):
-            err.print(f"[dim]{msg}[/]", highlight=False)
-
-    rid = run_sweep(cfg, db, resume=run_id or resume, progress=True, on_event=event)
+    rid = run_sweep(cfg, db, resume=run_id or resume, progress=True, on_event=_sweep_events(verbose))
     out.print(f"run {rid} stored in {db}")
     if json_out is not None:
         from .db import open_db
@@ -470,7 +476,7 @@ def benchmark(
     from .db import open_db
     from .db.queries import summary
     from .lab.results import export_run
-    from .lab.sweep import MISMATCH_WORDS, REFERENCE_MODES, SweepConfig, run_sweep, split_variant
+    from .lab.sweep import REFERENCE_MODES, SweepConfig, run_sweep, split_variant
 
     modes = ["baseline"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft", "draft-pipe"] if draft_model else [])
     if len(modes) == 1:  # nothing to pair with: measure lookup, which needs no drafter
@@ -480,7 +486,7 @@ def benchmark(
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
                       launch_every=launch_every, precisions=_csv(precisions))
-    rid = run_sweep(cfg, db, progress=True, on_event=lambda m: None if m.startswith(("stored", *MISMATCH_WORDS)) else err.print(f"[dim]{m}[/]", highlight=False))
+    rid = run_sweep(cfg, db, progress=True, on_event=_sweep_events(verbose=False))
     engine = open_db(db)
     try:
         several = len(cfg.precisions) > 1  # then each row says which precision it ran at

@@ -40,12 +40,6 @@ def rounding_step(x: float, dtype: str) -> float:
     return 2.0 ** (math.floor(math.log2(max(abs(x), 2.0**-14))) - bits)
 
 
-def is_numerical_tie(logit_a: float, logit_b: float, dtype: str) -> bool:
-    """Whether the two competing tokens' logits are within one rounding step of each other: then
-    which of them wins argmax depends on summation order, not on the algorithm."""
-    return abs(logit_a - logit_b) <= rounding_step(max(abs(logit_a), abs(logit_b)), dtype)
-
-
 def is_tie_across_widths(gaps: dict[str, float], scale: float, dtype: str) -> tuple[bool, str]:
     """(tie, why) from the gap logit(a) - logit(b) of the two tokens, where `a` is the plain
     decode's token and `b` the other output's, as forwards of several widths compute it.
