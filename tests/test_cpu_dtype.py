@@ -1,11 +1,8 @@
 """benchmarks/cpu_dtype.py: the model as stored and cast to float32, both timed after a warm-up."""
 
-import importlib.util
-from pathlib import Path
+from scripts import load_script
 
-_spec = importlib.util.spec_from_file_location("cpu_dtype", Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_dtype.py")
-cd = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cd)
+cd = load_script("cpu_dtype")
 
 
 def test_both_arms_are_timed_and_reported_against_the_stored_model(tiny_dirs, capsys):

@@ -6,7 +6,6 @@ back over several, one frozen version at a time, and benchmarks/join_parts.py jo
 version whose parts are all there, never parts of two."""
 
 import hashlib
-import importlib.util
 import json
 import os
 import random
@@ -21,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from scripts import load_script
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPT = BENCH / "h200_collect.sh"
-_spec = importlib.util.spec_from_file_location("join_parts", BENCH / "join_parts.py")
-_join = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_join)
+_join = load_script("join_parts")
 join_parts, JoinError = _join.join_parts, _join.JoinError
 
 
@@ -300,7 +299,6 @@ for a in "$@"; do
 done
 echo "$4: weights 64.5 MB -> 18.1 MB at 4 bits"
 """
-
 
 def test_head_q4_stores_each_new_checkpoint_quantized_while_distill_runs(run_dir, tmp_path):
     # A machine given back between two polls loses what is on it: each poll brings back the head

@@ -2,13 +2,12 @@
 data files do not outlive a session), each token sequence once, read-corpus rows after them."""
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("gather_rows", Path(__file__).resolve().parents[1] / "benchmarks" / "gather_rows.py")
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
+from scripts import load_script
+
+_mod = load_script("gather_rows")
 
 
 def _write(path: Path, rows: list[dict], zipped: bool = True) -> Path:

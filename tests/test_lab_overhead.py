@@ -1,21 +1,16 @@
 """benchmarks/lab_overhead.py: the same loaded model timed bare and inside run_sweep, stage by
 stage, with the sweep's loader put back afterwards."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 from dspark_lab.lab import sweep
 from dspark_lab.tiny import build_tiny_dspark
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from scripts import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("lab_overhead", BENCHMARKS / "lab_overhead.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("lab_overhead")
 
 
 def test_every_stage_times_every_arm_on_every_prompt(tiny_dirs, tmp_path):

@@ -8,7 +8,6 @@ import mlx.core as mx
 import pytest
 
 from dspark_lab import InputError, LoadError, SlowDtypeWarning, greedy_generate, load_target
-from dspark_lab.engine.target import Target
 from dspark_lab.engine.text import encode_prompt
 
 

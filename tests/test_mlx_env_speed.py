@@ -2,21 +2,15 @@
 process (MLX reads the settings once), the setting reaching the child exactly (this shell's own
 MLX_* variables cleared), rounds rotating the order, and bad settings refused with the form to use."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from dspark_lab.tiny import build_tiny_dspark
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from scripts import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("mlx_env_speed", BENCHMARKS / "mlx_env_speed.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("mlx_env_speed")
 
 
 def test_each_setting_runs_in_its_own_process_and_reaches_it(tiny_dirs, tmp_path, monkeypatch):

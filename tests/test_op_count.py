@@ -2,26 +2,15 @@
 each part's graph and times its construction (a round's verify builds at least a plain step's
 operations); launch_overlap runs every arm and finds the outputs identical at every setting."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from dspark_lab.tiny import build_tiny_dspark
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _benchmark(name: str):
-    """A benchmarks/ script imported as a module (they are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from scripts import load_script
 
 
 def test_counts_and_build_times_of_a_round(tiny_dirs, tmp_path):
-    mod = _benchmark("op_count")
+    mod = load_script("op_count")
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "1,3", "--repeats", "2",
                   "--context", "16", "--json", str(tmp_path / "r.json")])
@@ -37,7 +26,7 @@ def test_counts_and_build_times_of_a_round(tiny_dirs, tmp_path):
 
 
 def test_launch_overlap_benchmark_runs_and_outputs_match(tiny_dirs, tmp_path):
-    mod = _benchmark("launch_overlap")
+    mod = load_script("launch_overlap")
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--every", "0,1", "--cap", "3", "--prompts", "code",
                   "--limit", "1", "--max-new-tokens", "8", "--repeats", "1"])
@@ -52,7 +41,7 @@ def test_launch_overlap_benchmark_runs_and_outputs_match(tiny_dirs, tmp_path):
 def test_pipeline_speed_benchmark_runs_every_arm(tiny_dirs, tmp_path):
     """benchmarks/pipeline_speed.py: every arm runs (none is dropped for failing), and on the CPU
     in float32 every arm's tokens are our greedy tokens; the pipelined arm equals the plain loop."""
-    mod = _benchmark("pipeline_speed")
+    mod = load_script("pipeline_speed")
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     r = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
                   "--max-new-tokens", "8", "--repeats", "1", "--no-compile", "--copy-mib", "16"])
@@ -68,7 +57,7 @@ def test_pipeline_speed_benchmark_runs_every_arm(tiny_dirs, tmp_path):
 def test_pipeline_speed_runs_only_the_arms_asked_for(tiny_dirs, tmp_path):
     """--arms names the speculative arms to time (a short device session cannot afford them all);
     the baselines always run, and an unknown arm is refused with the names to choose from."""
-    mod = _benchmark("pipeline_speed")
+    mod = load_script("pipeline_speed")
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     args = ["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--caps", "2,3", "--prompts", "code", "--limit", "1",
             "--max-new-tokens", "8", "--repeats", "1", "--no-compile", "--copy-mib", "16"]
@@ -87,7 +76,7 @@ def test_pipeline_speed_classifies_an_output_that_differs_from_greedy(tiny_dirs,
 
     import dspark_lab
 
-    mod = _benchmark("pipeline_speed")
+    mod = load_script("pipeline_speed")
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     real = dspark_lab.speculative_generate
 
@@ -117,7 +106,7 @@ def test_pipeline_speed_times_a_dequantized_copy_beside_the_quantized_target(tmp
 
     model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
     head = build_tiny_dspark(tmp_path / "head", model, block_size=4)
-    mod = _benchmark("pipeline_speed")
+    mod = load_script("pipeline_speed")
     r = mod.main(["--model", str(model), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
                   "--max-new-tokens", "8", "--repeats", "1", "--no-compile", "--copy-mib", "16", "--dequantized"])
     rows = {row["arm"]: row for row in r["rows"]}
@@ -138,7 +127,7 @@ def test_pipeline_speed_precision_grid_times_each_precision_against_its_own_gree
 
     model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
     head = build_tiny_dspark(tmp_path / "head", model, block_size=4)
-    mod = _benchmark("pipeline_speed")
+    mod = load_script("pipeline_speed")
     r = mod.main(["--model", str(model), "--head", str(head), "--caps", "3", "--prompts", "code", "--limit", "1",
                   "--max-new-tokens", "8", "--repeats", "1", "--no-compile", "--copy-mib", "16", "--precisions", "8,16",
                   "--arms", "pipe+lk+cd"])
@@ -200,7 +189,7 @@ def test_chain_agreement_counts_where_text_leaves_the_targets_path(tiny_dirs, tm
         rows.append({"ids": ids + bent, "prompt_len": len(ids), "set": "corpus:sharegpt", "prompt_id": str(i), "generation": "corpus"})
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    r = _benchmark("chain_agreement").main(["--model", str(tiny_dirs["qwen3"]), "--data", str(data), "--block", "4"])
+    r = load_script("chain_agreement").main(["--model", str(tiny_dirs["qwen3"]), "--data", str(data), "--block", "4"])
     assert r["generated"]["text_follows_target"] == 1.0 and r["generated"]["slots_kept"] == [1.0] * 4
     bent = r["corpus:sharegpt"]
     assert bent["text_follows_target"] < 1.0 and bent["slots_kept"][0] == 1.0
@@ -215,7 +204,7 @@ def test_distill_step_benchmark_splits_a_real_training_step(tiny_dirs, tmp_path)
     import json
     import random
 
-    mod = _benchmark("distill_step")
+    mod = load_script("distill_step")
     rng = random.Random(0)
     rows = [{"ids": [rng.randrange(1, 200) for _ in range(rng.randrange(80, 120))], "prompt_len": 10, "generation": "corpus"}
             for _ in range(20)]
@@ -255,7 +244,7 @@ def test_distill_step_benchmark_times_the_target_as_loaded_and_dequantized(tmp_p
     from dspark_lab.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "q4", "qwen3", seed=2, quantize_bits=4)
-    mod = _benchmark("distill_step")
+    mod = load_script("distill_step")
     data = _step_data(tmp_path, seed=1, length=90)
     args = ["--model", str(model), "--data", str(data), "--seqs", "2", "--anchors", "16", "--block", "4", "--layers", "1",
             "--markov-rank", "8", "--max-len", "128", "--steps", "1"]
@@ -270,7 +259,7 @@ def test_distill_step_benchmark_times_the_target_as_loaded_and_dequantized(tmp_p
 def test_distill_step_benchmark_times_float32_and_bfloat16_compute(tiny_dirs, tmp_path, capsys):
     """--compute float32,bfloat16: distill's --compute-dtype, timed on the same head and batches;
     the losses agree to bfloat16 rounding, and an unknown dtype is refused by name."""
-    mod = _benchmark("distill_step")
+    mod = load_script("distill_step")
     data = _step_data(tmp_path, seed=2, length=100)
     common = ["--model", str(tiny_dirs["qwen3"]), "--data", str(data), "--seqs", "2", "--anchors", "16", "--block", "4",
               "--layers", "1", "--markov-rank", "8", "--max-len", "128", "--steps", "1"]

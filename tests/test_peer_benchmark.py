@@ -3,18 +3,14 @@ and the peer arm either runs or records why not (the peer engine is optional).""
 
 import importlib.util
 import json
-from pathlib import Path
 
 from dspark_lab.tiny import build_tiny_dspark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "peer_vs_ours.py"
+from scripts import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("peer_vs_ours", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("peer_vs_ours")
 
 
 def test_smoke_runs_with_or_without_the_peer(tmp_path, capsys):

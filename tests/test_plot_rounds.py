@@ -1,14 +1,12 @@
 """benchmarks/plot_distill_rounds.py: per-set means of evaluation JSONs, in round order, charted."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("plot_distill_rounds", Path(__file__).resolve().parents[1] / "benchmarks" / "plot_distill_rounds.py")
-plot = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(plot)
+from scripts import load_script
+
+plot = load_script("plot_distill_rounds")
 
 
 def _eval(path, model, accepts):
@@ -57,9 +55,7 @@ def test_files_without_evaluated_prompts_are_a_clear_error(tmp_path):
 def test_precision_grid_is_summarized_per_precision_and_rendered(tmp_path):
     """benchmarks/plot_precision_grid.py: pipeline_speed's --precisions JSON as one row per arm and
     precision, speculative arms marked, and a PNG; a run without copies is refused with the fix."""
-    spec = importlib.util.spec_from_file_location("plot_precision_grid", Path(__file__).resolve().parents[1] / "benchmarks" / "plot_precision_grid.py")
-    grid = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(grid)
+    grid = load_script("plot_precision_grid")
     rows = [{"arm": a, "tok_s": t, "vs_greedy": g, "fraction_of_limit": f} for a, t, g, f in [
         ("mlx_lm", 290.0, 0.94, 0.031), ("greedy", 309.0, 1.0, 0.033), ("pipe+lk+cd@7", 468.0, 1.51, 0.05),
         ("q8:greedy", 292.0, 0.94, 0.059), ("q8:pipe+lk+cd@7", 526.0, 1.80, 0.107), ("dq:greedy", 232.0, 0.75, 0.089)]]

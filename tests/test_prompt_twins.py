@@ -1,14 +1,12 @@
 """benchmarks/prompt_twins.py: the training prompt most like each held-out one, and which are twins."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 from dspark_lab.lab.prompts import load_prompt_set
 
-_spec = importlib.util.spec_from_file_location("prompt_twins", Path(__file__).resolve().parents[1] / "benchmarks" / "prompt_twins.py")
-pt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pt)
+from scripts import load_script
+
+pt = load_script("prompt_twins")
 
 
 def test_a_reworded_copy_is_flagged_and_unrelated_requests_are_not(tmp_path, capsys):

@@ -2,17 +2,14 @@
 never a built-in prompt, and loadable as a prompt file for distill."""
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 from dspark_lab import load_target
 from dspark_lab.lab.prompts import load_prompt_set
 
-_root = Path(__file__).resolve().parents[1] / "benchmarks"
-_spec = importlib.util.spec_from_file_location("self_instruct", _root / "self_instruct.py")
-si = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(si)
+from scripts import load_script
+
+si = load_script("self_instruct")
 
 
 def test_clean_keeps_only_the_request():

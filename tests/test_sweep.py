@@ -51,7 +51,7 @@ def test_sweep_stores_every_trial(tiny_dirs, head, tmp_path):
     rid = run_sweep(small_config(tiny_dirs["qwen3"], head), db, progress=False)
     # arms: baseline + lookup x 2 caps + dspark x 2 caps = 5; cells: 2 sets x 2 prompts x 2 trials = 8
     assert rows(db, "select count(*) from trials")[0][0] == 40
-    assert rows(db, "select status from runs")[0][0] == "finished"
+    assert rows(db, "select id, status from runs")[0] == (rid, "finished")
     assert rows(db, "select count(*) from trials where mode = 'baseline' and lossless is not null")[0][0] == 0
     assert rows(db, "select count(*) from trials where mode != 'baseline' and lossless")[0][0] == 32
     assert rows(db, "select count(*) from trials where cap = 'auto' and caps_chosen is null")[0][0] == 0

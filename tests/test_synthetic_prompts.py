@@ -2,17 +2,15 @@
 reproducible (the ninth round's math file is remade by its seed), distinct, readable by the prompt
 loader, and never a held-out built-in prompt."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from dspark_lab.lab.prompts import load_prompt_set
 
-_spec = importlib.util.spec_from_file_location("synthetic_prompts", Path(__file__).resolve().parents[1] / "benchmarks" / "synthetic_prompts.py")
-synth = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(synth)
+from scripts import load_script
+
+synth = load_script("synthetic_prompts")
 
 
 def _text(row):
@@ -85,9 +83,7 @@ def test_no_mirrors_leaves_out_the_families_that_copy_held_out_wording():
 def test_math_007_has_the_coin_flip_family_as_twin_and_the_unmirrored_prompts_have_none(tmp_path):
     """Why math-007 (dice) is in MIRRORED_PROMPTS: among a math file's prompts prompt_twins.py finds
     a coin-flip question at its twin flag (0.5); the evaluated prompts left out of it have none."""
-    spec = importlib.util.spec_from_file_location("prompt_twins", Path(__file__).resolve().parents[1] / "benchmarks" / "prompt_twins.py")
-    twins = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(twins)
+    twins = load_script("prompt_twins")
     path = tmp_path / "math_synth.jsonl"
     synth.write_prompt_file(path, synth.synthetic_math_prompts(2500, seed=0))
     training = [("math_synth", p) for p in load_prompt_set(str(path)).prompts]
