@@ -49,4 +49,5 @@ class BuildWithHeads(build_py):
             copy_heads(Path(self.build_lib))
 
 
-setup(cmdclass={"build_py": BuildWithHeads})
+if __name__ == "__main__":  # how setuptools' build backend runs this file; the tests import its functions
+    setup(cmdclass={"build_py": BuildWithHeads})

@@ -48,9 +48,12 @@ def parse_setting(text: str) -> dict[str, str]:
 
 
 def child_environment(setting: dict[str, str], base=None) -> dict[str, str]:
-    """This process's environment without its MLX_* settings, plus the setting's."""
+    """This process's environment without its MLX_* settings (the ones a device stamp records), plus the setting's."""
+    from dspark_lab.lab.device import mlx_env
+
     base = os.environ if base is None else base
-    return {**{k: v for k, v in base.items() if not k.startswith("MLX_")}, **setting}
+    ours = mlx_env(base)
+    return {**{k: v for k, v in base.items() if k not in ours}, **setting}
 
 
 def run_once(setting: dict[str, str], speed_args: list[str], timeout: float) -> dict:

@@ -3,7 +3,6 @@ dspark_lab/heads/NAME), and load_pair's resolution finds them there when no chec
 the package: a plain `pip install` runs `generate --mode auto` with the measured heads."""
 
 import hashlib
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -13,16 +12,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts import ROOT, load_script
 
 
 def _setup_module():
-    spec = importlib.util.spec_from_file_location("dspark_setup", ROOT / "setup.py")
-    mod = importlib.util.module_from_spec(spec)
-    # setup.py calls setup() at import; this test only wants its functions
-    source = (ROOT / "setup.py").read_text().replace('setup(cmdclass={"build_py": BuildWithHeads})', "")
-    exec(compile(source, str(ROOT / "setup.py"), "exec"), mod.__dict__)
-    return mod
+    return load_script("dspark_setup", ROOT / "setup.py")
 
 
 def _sha(path: Path) -> str:
@@ -66,8 +60,7 @@ def test_a_wheel_carries_the_registrys_heads_and_load_pair_finds_them_there(tmp_
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
 
-    registry = json.loads((ROOT / "dspark_lab" / "data" / "registry.json").read_text())
-    named = sorted({p["drafter"].split("/", 1)[1] for p in registry["pairs"] if str(p.get("drafter", "")).startswith("fixtures/")})
+    named = sorted(_setup_module().registry_heads())
     assert named, "the shipped registry names no committed head"
     shipped = site / "dspark_lab" / "heads"
     assert sorted(p.name for p in shipped.iterdir()) == named  # the heads it names, and only those
