@@ -38,13 +38,32 @@ set -u
 run=/tmp/$1
 out=${OUT:?run this on the device, where OUT is set}
 case ${WAIT:-0} in ''|*[!0-9]*) echo "WAIT must be a whole number of seconds, got '${WAIT:-}'"; exit 2 ;; esac
+# No run directory: this is a fresh machine. The one the run started on was given back (in the
+# twenty-third round between two polls), and the run went with it. Say so at once: a poll that
+# waited WAIT seconds for marks that can never come spent 540 s of that session's device time.
+if [ ! -d "$run" ]; then
+  echo "no run $1 on this machine ($run does not exist): a fresh machine, the run was lost with the one given back;"
+  echo "nothing to wait for or collect: ship MLX, the data and the model again and start the run anew"
+  exit 3
+fi
+# The run's process (h200_corpus_heads.sh writes its pid to .pid): once it is gone no mark can come,
+# so the wait ends there, saying whether the run had finished (.run_done) or ended early (a crash,
+# or a stop by hand). Without a .pid (a run started before it was written) the wait is as before.
+run_alive() { local pid; pid=$(cat "$run/.pid" 2>/dev/null) || return 0; kill -0 "$pid" 2>/dev/null; }
 if [ "${WAIT:-0}" -gt 0 ]; then
-  began=$(mktemp); waited=0
+  began=$(mktemp); waited=0; why=
   until [ "$run/.distill_done" -nt "$began" ] || [ "$run/.run_done" -nt "$began" ] || [ "$waited" -ge "$WAIT" ]; do
+    if ! run_alive; then  # a run that ends well writes .run_done first
+      if [ "$run/.run_done" -nt "$began" ]; then break
+      elif [ -f "$run/.run_done" ]; then why=": the run had finished before this call"
+      else why=": the run's process ($(cat "$run/.pid")) has ended without finishing; see its logs"; fi
+      break
+    fi
     sleep 1; waited=$((waited + 1))
   done
   rm -f "$began"
-  echo "waited ${waited} s of ${WAIT}$( [ "$waited" -lt "$WAIT" ] && echo ": the run reached its next stage")"
+  [ -z "$why" ] && [ "$waited" -lt "$WAIT" ] && why=": the run reached its next stage"
+  echo "waited ${waited} s of ${WAIT}$why"
 fi
 src=$run${HEAD:+/$HEAD}  # the head directory whose config and weights come back
 # HEAD=q4 (or q8) while distill runs: the newest checkpoint is stored at those bits here first

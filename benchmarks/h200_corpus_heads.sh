@@ -38,6 +38,7 @@ esac
 arch=${ARCH:-$arch}  # e.g. ARCH="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 2048"
 run=${RUN_DIR:-/tmp/$name}  # where h200_collect.sh NAME looks; RUN_DIR only for the tests
 mkdir -p "$run"; rm -rf "$run/.distill_done" "$run/.run_done" "$run/.collect"  # a previous run's marks for h200_collect.sh
+echo $$ > "$run/.pid"  # h200_collect.sh stops waiting once this process is gone
 # RESUME=1: continue the checkpoint already in /tmp/NAME (a new cosine over MINUTES).
 # INIT=DIR: start from a trained head's weights (e.g. the committed fixture), fresh optimizer.
 # .shipped_rows: how many rows came in DATA, so h200_collect.sh brings back only the rows made here

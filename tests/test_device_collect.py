@@ -364,3 +364,50 @@ def test_wait_refuses_what_is_not_whole_seconds(run_dir, tmp_path):
     result = subprocess.run(["bash", str(SCRIPT), name], env={**os.environ, "OUT": str(tmp_path), "WAIT": "9.5"},
                             capture_output=True, text=True)
     assert result.returncode == 2 and "WAIT must be a whole number of seconds, got '9.5'" in result.stdout
+
+
+def test_a_fresh_machine_says_the_run_is_lost_at_once_instead_of_waiting(tmp_path):
+    # The twenty-third round's machine was given back between two polls; the next poll started a
+    # fresh one and waited its whole WAIT (540 s of device time) for a run that was not there.
+    name = f"dspark-collect-test-{uuid.uuid4().hex[:8]}"  # no /tmp/NAME: nothing ever ran here
+    started = time.monotonic()
+    result = subprocess.run(["bash", str(SCRIPT), name], env={**os.environ, "OUT": str(tmp_path), "WAIT": "300"},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3 and time.monotonic() - started < 60
+    assert f"no run {name} on this machine" in result.stdout and "start the run anew" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def _ended_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_wait_ends_when_the_run_process_has_died_without_finishing(run_dir, tmp_path):
+    name, run = run_dir
+    (run / "distill.log").write_text("Traceback: out of memory")
+    (run / ".pid").write_text(f"{_ended_pid()}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    said = subprocess.run(["bash", str(SCRIPT), name], env={**os.environ, "OUT": str(out), "WAIT": "300"},
+                          capture_output=True, text=True, check=True, timeout=120).stdout
+    assert "has ended without finishing" in said and "waited 0 s of 300" in said
+    with tarfile.open(out / "results.tar.gz") as tar:  # and it still brings back what there is
+        assert "distill.log" in tar.getnames()
+
+
+def test_wait_ends_at_once_when_the_run_had_already_finished(run_dir, tmp_path):
+    name, run = run_dir
+    (run / ".pid").write_text(f"{_ended_pid()}\n")
+    (run / ".run_done").touch()
+    os.utime(run / ".run_done", (time.time() - 60, time.time() - 60))  # before this call began
+    said = collect(name, tmp_path, WAIT="300")
+    assert "the run had finished before this call" in said
+
+
+def test_wait_goes_on_while_the_run_process_lives(run_dir, tmp_path):
+    name, run = run_dir
+    (run / ".pid").write_text(f"{os.getpid()}\n")  # this test's own process: alive throughout
+    said = collect(name, tmp_path, WAIT="2")
+    assert "waited 2 s of 2" in said and "ended" not in said

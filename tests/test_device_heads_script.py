@@ -58,6 +58,8 @@ def test_self_instruct_requests_go_first_into_the_generation(tmp_path):
     assert not (run / ".collect").exists()
     # .run_done (a waiting poll's signal) only once every step is over, not a previous run's
     assert not Path(f"{tmp_path / 'calls.txt'}.run_done").exists() and (run / ".run_done").exists()
+    # its pid, so a waiting poll (h200_collect.sh) stops once the run's process is gone
+    assert (run / ".pid").read_text().strip().isdigit()
 
 
 def test_self_instruct_of_two_kinds_writes_n_of_each_and_both_go_first(tmp_path):
