@@ -59,6 +59,7 @@ def test_first_divergence_on_a_real_model_reports_a_real_gap(tiny_dirs):
     d = first_divergence(target, prompt, ref, other)
     assert d["index"] == 3 and d["logit_a"] > d["logit_b"] and d["tie"] is False and "exceeds" in d["why"]
     assert set(d["gaps"]) == {"prefill", "step", "verify_last", "verify_first"} and d["gap_spread"] < 1e-3
+    assert d["gap"] == abs(d["logit_a"] - d["logit_b"]) and abs(d["gap"] - d["gaps"]["prefill"]) < 1e-3
     assert d["prefill_picks"] == "a"  # the greedy token is the fresh prefill's argmax
     assert first_divergence(target, prompt, other, ref)["prefill_picks"] == "b"
 

@@ -100,8 +100,9 @@ def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: lis
     from a fresh prefill of the common prefix (in the model's own logit dtype), and which of the
     two that prefill's argmax picks ("a", "b" or "other"): where it picks the token of the output
     that was not decoded step by step, the step-by-step path is the one that rounded away from it.
-    `a` is the plain decode's output. "gaps" holds the gap at each forward width
-    (width_gaps), "tie" whether the difference is a numerical tie across them and "why" says so."""
+    `a` is the plain decode's output. "gap" is |logit_a - logit_b| from that prefill, "gaps" the
+    signed gap at each forward width (width_gaps), "tie" whether the difference is a numerical tie
+    across them and "why" says so."""
     i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if i is None:
         return None if len(a) == len(b) else {"index": min(len(a), len(b)), "length_differs": True}
@@ -114,6 +115,7 @@ def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: lis
     picks = "a" if best == a[i] else "b" if best == b[i] else "other"
     gaps = width_gaps(target, context, a[i], b[i], b[i:], width, prefill=out)
     tie, why = is_tie_across_widths(gaps, max(abs(la), abs(lb)), str(out.dtype))
-    return {"index": i, "logit_a": round(la, 4), "logit_b": round(lb, 4), "top2_margin": round(top[1] - top[0], 4),
+    la, lb = round(la, 4), round(lb, 4)
+    return {"index": i, "logit_a": la, "logit_b": lb, "gap": abs(la - lb), "top2_margin": round(top[1] - top[0], 4),
             "logit_dtype": str(out.dtype), "tie": tie, "why": why, "gaps": gaps,
             "gap_spread": round(max(gaps.values()) - min(gaps.values()), 5), "prefill_picks": picks}

@@ -56,7 +56,7 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
                              width=verify_width(t.cap))
         row = {"trial": t.id, "run_id": t.run_id, "arm": t.arm_key, "prompt": f"{t.prompt_set}/{t.prompt_id}",
                "trial_index": t.trial_index, "was_tie": t.mismatch_tie, "divergence": d,
-               "tie": bool(d and d.get("tie")), "gap": None if not d or "logit_a" not in d else abs(d["logit_a"] - d["logit_b"])}
+               "tie": bool(d and d.get("tie")), "gap": d.get("gap") if d else None}
         if update:
             with Session(engine) as s:
                 stored = s.get(Trial, t.id)

@@ -227,9 +227,8 @@ def _classify_mismatch(target, tok, prompt, ref: list[int], out: list[int], cap:
     d = first_divergence(target, encode_prompt(tok, prompt.as_input()), ref, out, width=verify_width(cap))
     if d is None or d.get("length_differs"):
         return None, False, "the outputs differ in length"
-    gap = abs(d["logit_a"] - d["logit_b"])
     kind = "a numerical tie" if d["tie"] else "a REAL divergence"
-    return gap, d["tie"], f"{kind} (logits {d['logit_a']} vs {d['logit_b']} in {d['logit_dtype'].rsplit('.', 1)[-1]}: {d['why']})"
+    return d["gap"], d["tie"], f"{kind} (logits {d['logit_a']} vs {d['logit_b']} in {d['logit_dtype'].rsplit('.', 1)[-1]}: {d['why']})"
 
 
 def _first_mismatch(a: list[int], b: list[int]) -> int | None:
