@@ -1,5 +1,6 @@
 """The command line: help texts, generation, the demo, and one-line errors without tracebacks."""
 
+import re
 import subprocess
 import sys
 
@@ -83,8 +84,8 @@ def test_generate_pipelined(tiny_dirs, tmp_path):
     from dspark_lab.tiny import build_tiny_dspark
 
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"])
+    plain = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "a b c a b c", "-n", "10"])
     args = ["generate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "-p", "a b c a b c", "-n", "10", "--max-draft", "3"]
-    plain = runner.invoke(app, args + ["--mode", "baseline"])
     r = runner.invoke(app, args + ["--mode", "dspark-pipe"])
     assert r.exit_code == 0, r.output
     assert "10 tokens" in r.output and r.output.splitlines()[0] == plain.output.splitlines()[0]
@@ -99,6 +100,33 @@ def test_generate_pipelined(tiny_dirs, tmp_path):
     assert r.exit_code != 0 and "no CUDA backend" in r.output
     r = runner.invoke(app, args + ["--mode", "dspark", "--compile-draft"])
     assert r.exit_code != 0 and "pipeline=True" in r.output
+
+
+def test_generate_runs_the_head_it_is_given_without_a_mode(tiny_dirs, tmp_path):
+    # A user who passes a head means it to draft: with --mode left out it runs in dspark mode
+    # (it used to decode plainly and report an accept length of 1.00).
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"])
+    common = ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "a b c a b c", "-n", "10"]
+    plain = runner.invoke(app, common)
+    inferred = runner.invoke(app, [*common, "-d", str(head), "--max-draft", "3"])
+    explicit = runner.invoke(app, [*common, "-d", str(head), "--max-draft", "3", "--mode", "dspark"])
+    assert inferred.exit_code == 0, inferred.output
+    assert "--mode dspark (from --drafter)" in inferred.output
+    assert inferred.stdout.splitlines()[0] == explicit.stdout.splitlines()[0] == plain.stdout.splitlines()[0]
+    report = lambda r: re.search(r"\d+ tokens \(\w+\) in \d+ rounds, mean accept length [\d.]+", r.output).group()  # noqa: E731
+    assert report(inferred) == report(explicit) != report(plain)  # the rounds of --mode dspark, not plain decoding's
+
+
+@pytest.mark.parametrize("mode", ["baseline", "lookup"])
+def test_generate_refuses_a_head_its_mode_would_leave_unused(tiny_dirs, tmp_path, mode):
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"])
+    r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--mode", mode, "-p", "hello"])
+    assert r.exit_code == 2 and f"this run is --mode {mode}" in r.output and "add --mode dspark" in r.output
+    assert "Traceback" not in r.output
 
 
 def test_generate_dspark_needs_a_drafter(tiny_dirs):
