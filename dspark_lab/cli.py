@@ -577,12 +577,17 @@ def registry_build(
 @registry_app.command("show")
 @friendly_errors
 def registry_show(
-    file: Annotated[Path, typer.Argument(help="A registry JSON file.")],
+    file: Annotated[Optional[Path], typer.Argument(help="A registry JSON file. Default: the registry shipped with dspark-lab, the one --mode auto and load_pair read.")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the README-style Markdown table.")] = False,
 ):
-    """Print a registry as a table (or Markdown)."""
+    """Print a registry as a table (or Markdown): by default the shipped one."""
+    from importlib import resources
+
     from .reports.registry import load_registry, registry_markdown, registry_table
 
+    if file is None:
+        file = Path(str(resources.files("dspark_lab").joinpath("data/registry.json")))
+        err.print(f"[dim]the shipped registry: {file}[/]")
     reg = load_registry(file)
     if markdown:
         out.print(registry_markdown(reg), markup=False, highlight=False)

@@ -266,3 +266,20 @@ def test_the_readme_shows_the_shipped_registry_as_it_is():
             if line.startswith("| ")]
     readme = (root / "README.md").read_text().splitlines()
     assert rows and all(row in readme for row in rows)
+
+
+def test_registry_show_without_a_file_shows_the_shipped_registry():
+    """`dspark-lab registry show` alone prints the registry --mode auto reads, the README's rows."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from dspark_lab.cli import app
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = root / "dspark_lab" / "data" / "registry.json"
+    r = CliRunner().invoke(app, ["registry", "show", "--markdown"])
+    assert r.exit_code == 0, r.output
+    assert "the shipped registry" in r.output and "registry.json" in r.output
+    rows = [line for line in registry_markdown(load_registry(shipped)).splitlines() if line.startswith("| ")]
+    assert rows and all(row in r.output for row in rows)
