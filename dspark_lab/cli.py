@@ -331,6 +331,16 @@ def calibrate(
                   + ("within 5%" if report["within_5_percent"] else "NOT within 5%"))
 
 
+def _head_modes(drafters: list[str]) -> list[str]:
+    """The modes the given heads run in (DSpark: dspark, dspark-pipe; DFlash: dflash), in that
+    order: a sweep whose --modes were left out runs each head in its own modes, not in the other
+    kind's only to skip it there."""
+    from .engine.drafters.load import head_modes
+
+    kinds = {m for d in drafters for m in head_modes(d)}
+    return [m for m in ("dspark", "dspark-pipe", "dflash") if m in kinds]
+
+
 def _sweep_events(verbose: bool):
     """The sweep's on_event for the terminal: its messages dimmed on stderr, except those it has
     printed in colour above its progress bar already (a trial that differs from its baseline) and,
@@ -355,7 +365,7 @@ def sweep(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
     drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
     draft_model: Annotated[Optional[list[str]], typer.Option("--draft-model", help="Draft model for mode draft (repeatable); each is paired with every model whose tokenizer it shares.")] = None,
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dflash, draft, draft-pipe, mlx-lm (mlx-lm's own decoder on the same model: a reference for our greedy). The baseline always runs. Default: lookup, plus dspark, dspark-pipe and dflash when drafters are given (each head runs in the modes it loads as), plus draft and draft-pipe when draft models are given.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dflash, draft, draft-pipe, mlx-lm (mlx-lm's own decoder on the same model: a reference for our greedy). The baseline always runs. Default: lookup, plus each head's own modes (a DSpark head: dspark and dspark-pipe; a DFlash head: dflash), plus draft and draft-pipe when draft models are given.")] = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
@@ -384,7 +394,7 @@ def sweep(
     else:
         if not model:
             raise DsparkError("sweep needs --model (or --grid FILE).")
-        mode_list = _csv(modes) if modes else (["lookup"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft", "draft-pipe"] if draft_model else []))
+        mode_list = _csv(modes) if modes else (["lookup"] + _head_modes(drafter or []) + (["draft", "draft-pipe"] if draft_model else []))
         cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
@@ -485,7 +495,7 @@ def benchmark(
     from .lab.results import export_run
     from .lab.sweep import REFERENCE_MODES, SweepConfig, run_sweep, split_variant
 
-    modes = ["baseline"] + (["dspark", "dspark-pipe", "dflash"] if drafter else []) + (["draft", "draft-pipe"] if draft_model else [])
+    modes = ["baseline"] + _head_modes([drafter] if drafter else []) + (["draft", "draft-pipe"] if draft_model else [])
     if len(modes) == 1:  # nothing to pair with: measure lookup, which needs no drafter
         modes.append("lookup")
     if mlx_lm:

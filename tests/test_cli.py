@@ -256,3 +256,31 @@ def test_benchmark_report_and_registry_verbs(tiny_dirs, tmp_path):
     assert r.exit_code == 0 and "|" in r.output
     r = runner.invoke(app, ["report", "--db", str(tmp_path / "none.duckdb"), "--out", str(tmp_path / "x.html")])
     assert r.exit_code == 2 and "no database" in r.output
+
+
+def test_head_modes_tell_a_dspark_head_from_a_dflash_head(tiny_dirs, tmp_path):
+    # A sweep or benchmark whose --modes are left out runs each head in its own kind's modes,
+    # instead of loading a DSpark head in dflash mode only to print that it skips it.
+    from dspark_lab.cli import _head_modes
+    from dspark_lab.engine.drafters.load import head_modes
+    from dspark_lab.tiny import build_tiny_dflash, build_tiny_dspark
+
+    dspark = build_tiny_dspark(tmp_path / "dspark", tiny_dirs["qwen3"])
+    dflash = build_tiny_dflash(tmp_path / "dflash", tiny_dirs["qwen3"])
+    causal = build_tiny_dspark(tmp_path / "causal", tiny_dirs["qwen3"], layout="dflash-causal")
+    assert head_modes(dspark) == head_modes(causal) == ("dspark", "dspark-pipe")
+    assert head_modes(dflash) == ("dflash",)
+    assert head_modes(tmp_path / "missing") == ("dspark", "dspark-pipe", "dflash")  # unreadable here: the loader decides
+    assert _head_modes([str(dflash), str(dspark)]) == ["dspark", "dspark-pipe", "dflash"]
+    assert _head_modes([]) == []
+
+
+def test_benchmark_runs_a_dspark_head_in_its_own_modes_only(tiny_dirs, tmp_path):
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"])
+    r = runner.invoke(app, ["benchmark", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--caps", "2", "--trials", "1",
+                            "--prompts", "code", "--prompt-limit", "1", "-n", "4", "--no-mlx-lm", "--db", str(tmp_path / "b.duckdb")])
+    assert r.exit_code == 0, r.output
+    assert "skipping" not in r.output and "dflash" not in r.output
+    assert "dspark-pipe" in r.output and "dspark " in r.output

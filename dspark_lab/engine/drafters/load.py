@@ -45,6 +45,21 @@ def read_safetensors(path: Path) -> dict[str, mx.array]:
     return weights
 
 
+def head_modes(ref: str | os.PathLike) -> tuple[str, ...]:
+    """The decoding modes a head runs in: ("dflash",) for a plain DFlash / DFlash 2 head,
+    ("dspark", "dspark-pipe") for a DSpark head (one of DFlash lineage with a Markov head
+    included, as load_dspark takes it). A head that cannot be read here (a repo id not in the
+    local cache) gets all three, and whoever loads it says which it skips. Reads config.json and
+    the tensor names only (MLX loads tensors lazily)."""
+    try:
+        path = resolve_model_path(ref, what="drafter")
+        names = set(read_safetensors(path))
+        cfg = read_json(path / "config.json")
+    except (LoadError, OSError, ValueError):
+        return ("dspark", "dspark-pipe", "dflash")
+    return ("dflash",) if is_dflash_head(cfg, names) else ("dspark", "dspark-pipe")
+
+
 def check_names(head: nn.Module, weights: dict[str, mx.array]) -> None:
     expected = {k: v.shape for k, v in tree_flatten(head.parameters())}
     missing = sorted(set(expected) - set(weights))
