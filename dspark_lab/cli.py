@@ -146,7 +146,9 @@ def generate(
             target, tokenizer, head, pair = load_pair(model, None, drafter_bits=drafter_bits, drafter_window=drafter_window,
                                                       max_draft_tokens=max_draft, machine=machine_class(collect_device_stamp()), **load_opts)
             ev = pair.evidence
-            err.print(f"[dim]auto: {pair.mode} drafter {pair.drafter} at cap {ev.get('cap')}, measured {ev.get('speedup')}x "
+            speedup = ev.get("speedup")
+            speedup = f"{speedup:.2f}" if isinstance(speedup, (int, float)) else speedup
+            err.print(f"[dim]auto: {pair.mode} drafter {pair.drafter} at cap {ev.get('cap')}, measured {speedup}x "
                       f"over {ev.get('trials')} trials on {ev.get('machine') or ev.get('device')} (runs {ev.get('run_ids')})[/]")
             mode, max_draft = Mode(pair.mode), pair.max_draft_tokens
             auto_cap = auto_cap or ev.get("cap") == "auto"

@@ -149,7 +149,7 @@ def test_generate_auto_runs_the_registry_pair_with_its_measured_loop_options(tin
 
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4)
     entry = {"model_id": str(tiny_dirs["qwen3"]), "mode": "dspark-pipe", "drafter": str(head), "cap": 3,
-             "speedup": 1.8, "trials": 6, "device": "NVIDIA H200 (cuda)", "run_ids": ["r"], "date": "2026-12-03",
+             "speedup": 1.8206, "trials": 6, "device": "NVIDIA H200 (cuda)", "run_ids": ["r"], "date": "2026-12-03",
              "options": {"lookup_drafts": True, "compile_draft": True}}
     from dspark_lab.engine.names import target_key
 
@@ -162,6 +162,7 @@ def test_generate_auto_runs_the_registry_pair_with_its_measured_loop_options(tin
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     assert "auto: dspark-pipe drafter" in r.output and "measured with lookup_drafts=True, compile_draft=True" in r.output
+    assert "measured 1.82x over 6 trials" in r.output  # two decimals, as every table prints a speedup
     assert (seen[-1]["pipeline"], seen[-1]["lookup_drafts"], seen[-1]["compile_draft"], seen[-1]["max_draft_tokens"]) == (True, True, True, 3)
     r = runner.invoke(app, args + ["--no-compile-draft", "--no-lookup-drafts"])  # the command line wins
     assert r.exit_code == 0, r.output
