@@ -14,7 +14,7 @@
 # token identity and mean accept length), and benchmarks/launch_overlap.py then times greedy against
 # speculative decoding side by side at launch_every 0 and 4.
 # Results land in /tmp/NAME/ (head, logs, eval JSON); `bash benchmarks/h200_collect.sh NAME` copies them into $OUT (call it in every polling call: a machine given back loses them). Start it with
-# `setsid nohup ... &` and it outlives the device call (while the machine stays warm), so a
+# DETACH=1 (below) and it outlives the device call (while the machine stays warm), so a
 # 30-minute session can train with MINUTES=20 in one run.
 # Settings (environment): MINUTES, LR, ARCH (the distill architecture and batch options),
 # INIT=DIR or RESUME=1, MIX (distill --mix: how often each prompt set's rows are drawn), CKPT (checkpoint every N steps: a crash keeps the last one), CACHE_GB
@@ -36,6 +36,19 @@ case $name in
   *) echo "unknown head $name (smol, qwen05, qwen15)"; exit 2 ;;
 esac
 arch=${ARCH:-$arch}  # e.g. ARCH="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 2048"
+# DETACH=1: start this run detached from the calling shell (setsid nohup, output in LOG, default
+# /tmp/NAME.out), print its first lines after SETTLE seconds (default 15) and return, so it
+# outlives the device call. Start it this way, with no `&` of your own: in the twenty-third round
+# `recv.sh && source .../activate && ... &` sent the whole list to the background, and the call's
+# end killed it before the run began. MLX's environment must be sourced first, in the foreground.
+if [ "${DETACH:-0}" = 1 ]; then
+  python3 -c "import mlx.core" 2>/dev/null || { echo "no MLX here: source /root/ship/mlx/activate first (in the foreground, not behind an &)"; exit 2; }
+  log=${LOG:-/tmp/$name.out}
+  DETACH=0 setsid nohup bash "$0" "$@" > "$log" 2>&1 < /dev/null &
+  sleep "${SETTLE:-15}"
+  echo "$name started detached (pid $!), its output in $log:"; tail -n 5 "$log"
+  exit 0
+fi
 run=${RUN_DIR:-/tmp/$name}  # where h200_collect.sh NAME looks; RUN_DIR only for the tests
 mkdir -p "$run"; rm -rf "$run/.distill_done" "$run/.run_done" "$run/.collect"  # a previous run's marks for h200_collect.sh
 echo $$ > "$run/.pid"  # h200_collect.sh stops waiting once this process is gone

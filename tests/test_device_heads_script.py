@@ -157,3 +157,30 @@ def test_sweep_runs_the_labs_sweep_on_the_kept_head_before_the_float_evaluation(
     (tmp_path / "grid").mkdir()
     _, calls, _ = run_script(tmp_path / "grid", QUANT="4", SWEEP="1", SWEEP_PRECISIONS="as-loaded,8,dequantized")
     assert "--precisions as-loaded,8,dequantized " in next(c for c in calls if "dspark_lab sweep" in c)
+
+
+def test_detach_starts_the_run_in_the_background_and_returns(tmp_path):
+    # DETACH=1 is the whole start command: the run goes on after the calling shell (the device
+    # call) has ended, with nothing sent to the background by hand.
+    import time
+
+    log = tmp_path / "run.out"
+    out, _, run = run_script(tmp_path, DETACH="1", SETTLE="0", LOG=str(log))
+    assert "qwen05 started detached" in out and str(log) in out
+    for _ in range(200):  # the detached run finishes on its own (python3 is the stub)
+        if (run / ".run_done").exists() and "qwen05 done" in log.read_text():
+            break
+        time.sleep(0.05)
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert "qwen05 done" in log.read_text() and any("lossless_check.py" in c for c in calls)
+
+
+def test_detach_refuses_a_shell_without_mlx(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text("#!/usr/bin/env bash\nexit 1\n")  # `import mlx.core` fails
+    (bin_dir / "python3").chmod(0o755)
+    r = subprocess.run(["bash", str(SCRIPT), "qwen05"], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                       "DETACH": "1", "RUN_DIR": str(tmp_path / "run")}, capture_output=True, text=True)
+    assert r.returncode == 2 and "source /root/ship/mlx/activate first" in r.stdout
+    assert not (tmp_path / "run").exists()  # nothing started
