@@ -85,7 +85,7 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
-    mode: Annotated[Optional[Mode], typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); draft-pipe: the same through the pipelined loop (plain-KV target and draft model); auto: the registry's measured drafter for this model, else lookup. Default: dspark with --drafter, draft with --draft-model, else baseline.")] = None,
+    mode: Annotated[Optional[Mode], typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); draft-pipe: the same through the pipelined loop (plain-KV target and draft model); auto: the registry's measured drafter for this model, else lookup. Default: with --drafter dspark or dflash (the head's kind), with --draft-model draft, else baseline.")] = None,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head directory or repo id.")] = None,
     draft_model: DraftModelOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
@@ -126,7 +126,12 @@ def generate(
     else:
         max_draft = None
     if mode is None:  # what was given says what to run: a head or a draft model is there to be used
-        mode = Mode.dspark if drafter is not None else Mode.draft if draft_model is not None else Mode.baseline
+        if drafter is not None:
+            from .engine.drafters.load import head_modes
+
+            mode = Mode.dflash if head_modes(drafter) == ("dflash",) else Mode.dspark
+        else:
+            mode = Mode.draft if draft_model is not None else Mode.baseline
         if mode is not Mode.baseline:
             err.print(f"[dim]--mode {mode.value} (from --{'drafter' if drafter is not None else 'draft-model'})[/]")
     if drafter is not None and mode in (Mode.baseline, Mode.lookup, Mode.draft, Mode.draft_pipe):

@@ -119,6 +119,18 @@ def test_generate_runs_the_head_it_is_given_without_a_mode(tiny_dirs, tmp_path):
     assert report(inferred) == report(explicit) != report(plain)  # the rounds of --mode dspark, not plain decoding's
 
 
+def test_generate_runs_a_dflash_head_in_dflash_mode_without_a_mode(tiny_dirs, tmp_path):
+    from dspark_lab.tiny import build_tiny_dflash
+
+    head = build_tiny_dflash(tmp_path / "dflash", tiny_dirs["qwen3"])
+    common = ["generate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "-p", "a b c a b c", "-n", "8"]
+    inferred, explicit = runner.invoke(app, common), runner.invoke(app, [*common, "--mode", "dflash"])
+    assert inferred.exit_code == 0, inferred.output
+    assert "--mode dflash (from --drafter)" in inferred.output
+    report = lambda r: re.search(r"\d+ tokens \(\w+\) in \d+ rounds, mean accept length [\d.]+", r.output).group()  # noqa: E731
+    assert report(inferred) == report(explicit)
+
+
 @pytest.mark.parametrize("mode", ["baseline", "lookup"])
 def test_generate_refuses_a_head_its_mode_would_leave_unused(tiny_dirs, tmp_path, mode):
     from dspark_lab.tiny import build_tiny_dspark
