@@ -52,12 +52,10 @@ def head_modes(ref: str | os.PathLike) -> tuple[str, ...]:
     local cache) gets all three, and whoever loads it says which it skips. Reads config.json and
     the tensor names only (MLX loads tensors lazily)."""
     try:
-        path = resolve_model_path(ref, what="drafter")
-        names = set(read_safetensors(path))
-        cfg = read_json(path / "config.json")
+        _, cfg, raw = read_head(ref)
     except (LoadError, OSError, ValueError):
         return ("dspark", "dspark-pipe", "dflash")
-    return ("dflash",) if is_dflash_head(cfg, names) else ("dspark", "dspark-pipe")
+    return ("dflash",) if is_dflash_head(cfg, set(raw)) else ("dspark", "dspark-pipe")
 
 
 def check_names(head: nn.Module, weights: dict[str, mx.array]) -> None:
@@ -139,8 +137,8 @@ def dflash_weights(raw: dict[str, mx.array]) -> dict[str, mx.array]:
     return {k[len("model."):] if k.startswith("model.") else k: v for k, v in raw.items()}
 
 
-def read_head(ref: str | os.PathLike, bits: int, window: int) -> tuple[Path, dict, dict[str, mx.array]]:
-    """Check the options, then the head's directory, config.json and tensors."""
+def read_head(ref: str | os.PathLike, bits: int = 16, window: int = 1) -> tuple[Path, dict, dict[str, mx.array]]:
+    """Check the options (a loader's; the defaults pass), then the head's directory, config.json and tensors."""
     if bits not in DRAFTER_BITS:
         raise LoadError(f"drafter bits must be one of {', '.join(map(str, DRAFTER_BITS))} (16 keeps float weights), got {bits}.")
     if window < 1:
@@ -231,7 +229,7 @@ def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int 
     distill folder (its data, log and checkpoint) is copied. Returns the weight bytes before and after."""
     if bits not in (4, 8):
         raise LoadError(f"a head is stored at 4 or 8 bits, got {bits}.")
-    path, cfg_json, raw = read_head(src, 16, 1)
+    path, cfg_json, raw = read_head(src)
     if stored_quantization(cfg_json, set(raw)) is not None:
         raise LoadError(f"the head in {str(path)!r} is stored quantized already; quantize its float original.")
     out = Path(dst)
