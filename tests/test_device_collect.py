@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts import load_script
+from scripts import BENCHMARKS, load_script
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-SCRIPT = BENCH / "h200_collect.sh"
+SCRIPT = BENCHMARKS / "h200_collect.sh"
 _join = load_script("join_parts")
 join_parts, JoinError = _join.join_parts, _join.JoinError
 
@@ -299,6 +298,7 @@ for a in "$@"; do
 done
 echo "$4: weights 64.5 MB -> 18.1 MB at 4 bits"
 """
+
 
 def test_head_q4_stores_each_new_checkpoint_quantized_while_distill_runs(run_dir, tmp_path):
     # A machine given back between two polls loses what is on it: each poll brings back the head

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "h200_corpus_heads.sh"
+from scripts import BENCHMARKS
+
+SCRIPT = BENCHMARKS / "h200_corpus_heads.sh"
 
 STUB = """#!/usr/bin/env bash
 echo "$* [distill_done=$([ -f "$RUN_DIR/.distill_done" ] && echo 1 || echo 0)]" >> "$CALLS"

@@ -8,11 +8,11 @@ import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from scripts import BENCHMARKS
+
 
 DSPARK_LAB_STUB = """#!/usr/bin/env bash
 echo "$*" >> "$CALLS"
@@ -39,7 +39,7 @@ def setup(tmp_path):
     repo = tmp_path / "repo"
     (repo / "benchmarks").mkdir(parents=True)
     for name in ("prepare_device_session.sh", "slim_checkout.sh", "ship_parts.sh", "gather_rows.py"):
-        shutil.copy(BENCH / name, repo / "benchmarks" / name)
+        shutil.copy(BENCHMARKS / name, repo / "benchmarks" / name)
     (repo / "docs" / "results").mkdir(parents=True)
     (repo / "docs" / "results" / "distill9_qwen05_generated.jsonl.gz").write_bytes(
         gzip.compress(b'{"ids": [1, 2], "set": "code_synth", "prompt_len": 1}\n'))

@@ -6,9 +6,10 @@ import hashlib
 import os
 import subprocess
 import tarfile
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ship_parts.sh"
+from scripts import BENCHMARKS
+
+SCRIPT = BENCHMARKS / "ship_parts.sh"
 
 
 def _repo(tmp_path):

@@ -4,11 +4,12 @@ the branch it came from with every file restored."""
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "slim_checkout.sh"
+from scripts import BENCHMARKS
+
+SCRIPT = BENCHMARKS / "slim_checkout.sh"
 
 
 def git(repo, *args):

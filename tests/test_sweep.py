@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import duckdb
 import pytest
@@ -22,6 +21,8 @@ from dspark_lab.lab.results import export_run, ingest, read_result
 from dspark_lab.schemas.records import SCHEMA_VERSION
 from dspark_lab.lab.sweep import SweepConfig, load_grid, run_sweep
 from dspark_lab.tiny import build_tiny_dspark
+
+from scripts import BENCHMARKS
 
 runner = CliRunner()
 
@@ -121,7 +122,7 @@ def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
     assert all(r["divergence"]["index"] == r_idx for r, (r_idx,) in
                zip(again, rows(db, "select mismatch_index from trials where mode = 'lookup' order by id")))
     assert rows(db, "select count(*) from trials where mode = 'lookup' and mismatch_tie = false")[0][0] == 4
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "recheck_ties.py"
+    script = BENCHMARKS / "recheck_ties.py"
     done = subprocess.run([sys.executable, str(script), "--db", str(db), "--out", str(tmp_path / "re.json")],
                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 1, done.stderr  # real divergences remain: the exit status says so

@@ -6,11 +6,12 @@ import gzip
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from dspark_lab.lab.prompts import load_prompt_set
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "unanswered_prompts.py"
+from scripts import BENCHMARKS
+
+SCRIPT = BENCHMARKS / "unanswered_prompts.py"
 
 
 def _prompt(i, domain="code"):
