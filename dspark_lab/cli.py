@@ -607,7 +607,7 @@ def registry_show(
         err.print(f"[dim]the shipped registry: {file}[/]")
     reg = load_registry(file)
     if markdown:
-        out.print(registry_markdown(reg), markup=False, highlight=False)
+        typer.echo(registry_markdown(reg))  # as is: a console would wrap a long row, and Markdown rows must stay whole
     else:
         out.print(registry_table(reg))
 

@@ -108,6 +108,10 @@ def test_target_key_is_quant_agnostic():
     # fetch-model's folders name the bits and the scales' dtype: every import of a model is one target
     assert target_key("/root/.cache/dspark-lab/models/qwen2.5-coder-0.5b-q4-bfloat16") == "qwen2.5-coder-0.5b"
     assert target_key("qwen2.5-coder-0.5b-q8-float32") == target_key("qwen2.5-coder-0.5b") == "qwen2.5-coder-0.5b"
+    # a sweep's precision keeps its label: its speedup is over its own baseline
+    assert target_key("/root/ship/qwen15/qwen2.5-coder-1.5b-q4-bfloat16@q8") == "qwen2.5-coder-1.5b@q8"
+    assert target_key("Qwen3-8B-4bit@dequantized") == target_key("qwen3-8b@dequantized") == "qwen3-8b@dequantized"
+    assert target_key("/models/me@work/Qwen3-8B-4bit") == "qwen3-8b"  # an @ in a path is no label
 
 
 def test_load_pair_picks_the_registry_drafter(tmp_path):
@@ -238,6 +242,33 @@ def test_an_entry_names_its_heads_where_users_have_them_and_its_loop_options(tmp
         conn.execute(text("UPDATE trials SET run_id = 'rp2' WHERE trial_index = 1"))
     [entry] = build_registry(engine)["pairs"]
     assert entry["options"] == {"compile_draft": True}
+
+
+def test_a_precision_gets_its_own_entry_and_load_pair_takes_the_model_as_loaded(tmp_path):
+    """A sweep with --precisions stores MODEL@q8 trials beside the model's: the registry keeps them
+    as their own target (a speedup over the 8-bit baseline says nothing of the 4-bit one), renames
+    the model part with --name and keeps the label; load_pair on the model takes the as-loaded entry
+    even where the other precision measured faster."""
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tinytarget-q4-bfloat16", "qwen3")
+    head = build_tiny_dspark(tmp_path / "head", model, block_size=4)
+    engine = _pipe_db(tmp_path, str(model), str(head), {})
+    with Session(engine) as s:
+        for p in PROMPTS:
+            for i in range(2):
+                s.add(trial("rp", f"{model}@q8", "baseline", "0", p, i, 100.0))
+                s.add(trial("rp", f"{model}@q8", "dspark-pipe", "2", p, i, 250.0, drafter=str(head)))
+        s.commit()
+    reg = build_registry(engine, names={str(model): "tinytarget-q4-bfloat16"})
+    pairs = {p["target"]: p for p in reg["pairs"]}
+    assert set(pairs) == {"tinytarget", "tinytarget@q8"}
+    assert (pairs["tinytarget"]["model_id"], pairs["tinytarget"]["cap"], pairs["tinytarget"]["speedup"]) == ("tinytarget-q4-bfloat16", 3, 1.8)
+    assert (pairs["tinytarget@q8"]["model_id"], pairs["tinytarget@q8"]["cap"], pairs["tinytarget@q8"]["speedup"]) == (
+        "tinytarget-q4-bfloat16@q8", 2, 2.5)
+    path = write_registry(reg, tmp_path / "registry.json")
+    _, _, _, cfg = load_pair(str(model), registry=path)
+    assert cfg.max_draft_tokens == 3 and cfg.evidence["speedup"] == 1.8
 
 
 def test_the_shipped_registry_names_heads_this_checkout_has():

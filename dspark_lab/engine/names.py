@@ -1,8 +1,10 @@
 """Names for models and drafters as reports and the registry show them.
 
-Trials store a model as given (a local path or a hub repo id). Reports show its last path
-part; the registry keys a target by a quant-agnostic id, because a drafter trained on a model's
-hidden states serves every quantization of that model.
+Trials store a model as given (a local path or a hub repo id), or, for a sweep's precision other
+than as-loaded, with its label: MODEL@q8, MODEL@dequantized. Reports show its last path part; the
+registry keys a target by a quant-agnostic id, because a drafter trained on a model's hidden
+states serves every quantization of that model, and keeps a precision's label on it, because
+that precision's speedup was measured against its own baseline.
 """
 
 from __future__ import annotations
@@ -18,6 +20,19 @@ _QUANT_SUFFIX = re.compile(
 )
 
 
+# A sweep's precisions (lab.sweep): the model as given, or its layers stored another way on load.
+AS_LOADED, DEQUANTIZED = "as-loaded", "dequantized"
+
+
+def split_variant(model_id: str) -> tuple[str, str]:
+    """(model, label) of a trial's model id, the label as-loaded, dequantized or qN. An id whose
+    text after its last @ is no such label is a model as given (a path may hold an @)."""
+    path, _, label = model_id.rpartition("@")
+    if path and (label == DEQUANTIZED or (label[:1] == "q" and label[1:].isdigit())):
+        return path, label
+    return model_id, AS_LOADED
+
+
 def short_name(model_id: str | None) -> str:
     """The last path part of a model or drafter id ("-" for none)."""
     if not model_id:
@@ -26,13 +41,16 @@ def short_name(model_id: str | None) -> str:
 
 
 def target_key(model_id: str) -> str:
-    """Quant-agnostic, lower-case model name: "mlx-community/Qwen3-8B-4bit" -> "qwen3-8b"."""
-    name = short_name(model_id).lower()
+    """Quant-agnostic, lower-case model name: "mlx-community/Qwen3-8B-4bit" -> "qwen3-8b"; a sweep's
+    precision keeps its label: "/m/qwen2.5-coder-1.5b-q4-bfloat16@q8" -> "qwen2.5-coder-1.5b@q8"."""
+    model, label = split_variant(str(model_id))
+    name = short_name(model).lower()
     while True:
         stripped = _QUANT_SUFFIX.sub("", name)
         if stripped == name or not stripped:
-            return name
+            break
         name = stripped
+    return name if label == AS_LOADED else f"{name}@{label}"
 
 
 def matches(model_id: str | None, wanted: str) -> bool:

@@ -25,6 +25,7 @@ from typing import Callable
 
 from sqlmodel import Session, select
 
+from ..engine.names import AS_LOADED, DEQUANTIZED, split_variant
 from ..errors import DsparkError, InputError
 from ..schemas.records import Run, Trial, utcnow
 
@@ -49,7 +50,7 @@ AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size
 # (quantized on load, groups of 64; a quantized model's layers dequantized first). Trials of a
 # precision other than as-loaded carry the model id with its label, MODEL@q8 or MODEL@dequantized:
 # their own baseline, speedups, cost curves and registry entry.
-AS_LOADED, DEQUANTIZED = "as-loaded", "dequantized"
+# The labels, and split_variant that reads one back, live in engine.names: the registry keys targets by them.
 
 
 @dataclass
@@ -127,15 +128,6 @@ def model_variant(model: str, precision: str) -> str:
     if precision == AS_LOADED:
         return model
     return f"{model}@{DEQUANTIZED if precision == DEQUANTIZED else 'q' + precision}"
-
-
-def split_variant(model_id: str) -> tuple[str, str]:
-    """The inverse of model_variant: (model, label), the label as-loaded, dequantized or qN. An id
-    whose text after its last @ is no such label is a model as given (a path may hold an @)."""
-    path, _, label = model_id.rpartition("@")
-    if path and (label == DEQUANTIZED or (label[:1] == "q" and label[1:].isdigit())):
-        return path, label
-    return model_id, AS_LOADED
 
 
 def load_variant(model_id: str, dtype: str | None = None):

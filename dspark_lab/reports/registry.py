@@ -21,7 +21,7 @@ from sqlalchemy import Engine
 
 from ..db.queries import cap_order, runs_frame, summary, trials_frame
 from ..errors import DsparkError
-from ..engine.names import short_name, target_key
+from ..engine.names import AS_LOADED, short_name, split_variant, target_key
 from ..lab.sweep import NON_DRAFTING_MODES
 
 SCHEMA_VERSION = 1
@@ -179,8 +179,11 @@ def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: lis
         })
     names = names or {}
     for entry in pairs + refused:
-        for field in ("model_id", "drafter"):
-            entry[field] = names.get(entry[field], entry[field])
+        entry["drafter"] = names.get(entry["drafter"], entry["drafter"])
+        # A precision's trials carry MODEL@q8: rename the model, keep the label.
+        model, label = split_variant(entry["model_id"])
+        model = names.get(model, model)
+        entry["model_id"] = model if label == AS_LOADED else f"{model}@{label}"
     refused.sort(key=lambda r: (r["target"], r["machine"] or "", r["mode"], r["drafter"] or "", cap_order(str(r["cap"]))))
     return {"schema_version": SCHEMA_VERSION, "note": NOTE.format(min_trials=min_trials), "min_trials": min_trials,
             "pairs": pairs, "refused": refused}
