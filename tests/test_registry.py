@@ -84,6 +84,22 @@ def test_table_and_markdown(registry):
     assert "no pair measured yet" in str(registry_table({"pairs": [], "refused": []}).caption)
 
 
+def test_a_narrow_table_wraps_names_instead_of_cutting_them():
+    entry = {"target": "qwen2.5-coder-1.5b@dequantized", "machine": "NVIDIA H200 (cuda)", "mode": "dspark-pipe",
+             "drafter": "fixtures/qwen2.5-coder-1.5b-dspark", "cap": 4, "speedup": 1.4, "ci": [1.2, 1.7],
+             "mean_accept_len": 2.3, "trials": 24, "run_ids": ["65a7b72cdc3b"], "date": "2026-12-03"}
+    console = Console(file=io.StringIO(), width=110, record=True)
+    console.print(registry_table({"pairs": [entry], "refused": []}))
+    text = console.export_text()
+    assert "…" not in text
+    body = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│")]
+    # each cell's wrapped pieces joined (spaces dropped: a wrap may fall on one)
+    cells = ["".join(piece.replace(" ", "") for piece in column) for column in zip(*body)]
+    whole = ["qwen2.5-coder-1.5b@dequantized", "NVIDIA H200 (cuda)", "dspark-pipe", "qwen2.5-coder-1.5b-dspark", "4",
+             "1.40x", "[1.20, 1.70]", "2.30", "24", "65a7b72cdc3b", "2026-12-03"]
+    assert cells == [c.replace(" ", "") for c in whole]
+
+
 def test_written_file_reads_back_and_is_checked(registry, tmp_path):
     path = write_registry(registry, tmp_path / "registry.json")
     assert load_registry(path) == registry

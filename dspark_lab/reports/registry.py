@@ -238,7 +238,8 @@ def registry_table(registry: dict):
 
     table = Table(title="dspark-lab registry: measured pairs")
     for c in _COLUMNS:
-        table.add_column(c, justify="right" if c in ("speedup", "accept", "trials", "cap") else "left")
+        # A narrow terminal wraps a cell rather than cutting it short: a cut name or date is no name.
+        table.add_column(c, justify="right" if c in ("speedup", "accept", "trials", "cap") else "left", overflow="fold")
     for e in registry.get("pairs", []):
         table.add_row(*_row(e))
     refused = registry.get("refused", [])
