@@ -500,7 +500,8 @@ def benchmark(
     from .db import open_db
     from .db.queries import summary
     from .lab.results import export_run
-    from .lab.sweep import REFERENCE_MODES, SweepConfig, run_sweep, split_variant
+    from .engine.names import split_variant
+    from .lab.sweep import REFERENCE_MODES, SweepConfig, run_sweep
 
     modes = ["baseline"] + _head_modes([drafter] if drafter else []) + (["draft", "draft-pipe"] if draft_model else [])
     if len(modes) == 1:  # nothing to pair with: measure lookup, which needs no drafter

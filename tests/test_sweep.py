@@ -380,7 +380,8 @@ def test_each_precision_runs_as_a_model_of_its_own(tmp_path):
     """precisions: a 4-bit model swept as loaded, at 8 bits and dequantized, each stored on load:
     trials carry MODEL@q8 / MODEL@dequantized, each variant has its own baseline and every arm is
     lossless against it; a resumed run finds nothing left; the grid key changes only when asked."""
-    from dspark_lab.lab.sweep import load_variant, model_variant, split_variant
+    from dspark_lab.engine.names import split_variant
+    from dspark_lab.lab.sweep import load_variant, model_variant
     from dspark_lab.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
