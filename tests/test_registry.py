@@ -260,11 +260,12 @@ def test_an_entry_names_its_heads_where_users_have_them_and_its_loop_options(tmp
     assert entry["options"] == {"compile_draft": True}
 
 
-def test_a_precision_gets_its_own_entry_and_load_pair_takes_the_model_as_loaded(tmp_path):
+def test_a_precision_gets_its_own_entry_and_load_pair_takes_the_one_the_model_is_stored_at(tmp_path):
     """A sweep with --precisions stores MODEL@q8 trials beside the model's: the registry keeps them
     as their own target (a speedup over the 8-bit baseline says nothing of the 4-bit one), renames
-    the model part with --name and keeps the label; load_pair on the model takes the as-loaded entry
-    even where the other precision measured faster."""
+    the model part with --name and keeps the label. load_pair takes the entry of the precision the
+    model is stored at where the registry has one (an 8-bit folder: @q8; float weights:
+    @dequantized), else the as-loaded entry, even where another precision measured faster."""
     from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
 
     model = build_tiny_model(tmp_path / "tinytarget-q4-bfloat16", "qwen3")
@@ -283,8 +284,26 @@ def test_a_precision_gets_its_own_entry_and_load_pair_takes_the_model_as_loaded(
     assert (pairs["tinytarget@q8"]["model_id"], pairs["tinytarget@q8"]["cap"], pairs["tinytarget@q8"]["speedup"]) == (
         "tinytarget-q4-bfloat16@q8", 2, 2.5)
     path = write_registry(reg, tmp_path / "registry.json")
-    _, _, _, cfg = load_pair(str(model), registry=path)
+    _, _, _, cfg = load_pair(str(model), registry=path)  # float weights, no @dequantized entry
     assert cfg.max_draft_tokens == 3 and cfg.evidence["speedup"] == 1.8
+
+    from dspark_lab.engine.speculative import _registry_entry
+
+    eight_bit = tmp_path / "tinytarget-8bit"  # an 8-bit folder of the model: the @q8 entry is its own
+    eight_bit.mkdir()
+    config = json.loads((model / "config.json").read_text())
+    (eight_bit / "config.json").write_text(json.dumps({**config, "quantization": {"group_size": 64, "bits": 8}}))
+    assert _registry_entry(str(eight_bit), path, None)["target"] == "tinytarget@q8"
+    four_bit = tmp_path / "tinytarget-4bit"  # no @q4 entry: the as-loaded one
+    four_bit.mkdir()
+    (four_bit / "config.json").write_text(json.dumps({**config, "quantization": {"group_size": 64, "bits": 4}}))
+    assert _registry_entry(str(four_bit), path, None)["target"] == "tinytarget"
+    assert _registry_entry("someone/tinytarget-q4-bfloat16", path, None)["target"] == "tinytarget"  # a hub id: unknown
+    for entry in reg["pairs"]:
+        entry["target"] = entry["target"].replace("@q8", "@dequantized")
+    path = write_registry(reg, tmp_path / "registry2.json")
+    _, _, _, cfg = load_pair(str(model), registry=path)  # float weights: the @dequantized entry
+    assert cfg.max_draft_tokens == 2 and cfg.evidence["speedup"] == 2.5
 
 
 def test_the_shipped_registry_names_heads_this_checkout_has():

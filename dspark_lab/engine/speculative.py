@@ -193,7 +193,8 @@ def load_pair(
     """Load a target and its drafter head -> (target, tokenizer, drafter, PairConfig).
 
     With no drafter, the registry of measured pairs picks one: the entry for this model (any
-    quantization) measured on `machine` if given, else on the same backend, else anywhere; the
+    quantization; the entry of the precision a local folder is stored at, MODEL@q8 say, where the
+    registry has one) measured on `machine` if given, else on the same backend, else anywhere; the
     PairConfig's `evidence` says which measurement the choice rests on. A model with no entry
     is an error that says to pass `drafter=` or use lookup. A `mode` of "dspark-pipe" means the
     head was measured fastest through the pipelined loop: pass `pipeline=True` to
@@ -273,12 +274,34 @@ def _registry_drafter(drafter: str, model: str) -> str:
     return drafter
 
 
+def _stored_precision(model: str) -> str | None:
+    """The precision label (names.split_variant's: qN, or dequantized for float weights) a local
+    model folder loads at, from its config.json; None where that is unknown (a hub id)."""
+    from .names import DEQUANTIZED
+
+    try:
+        config = json.loads((Path(model).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    quant = config.get("quantization") or config.get("quantization_config")
+    if quant is None:
+        return DEQUANTIZED
+    bits = quant.get("bits") if isinstance(quant, dict) else None
+    return f"q{bits}" if isinstance(bits, int) else None
+
+
 def _registry_entry(model: str, registry, machine: str | None) -> dict | None:
-    """The registry entry for this model (quant-agnostic), best matching this machine."""
+    """The registry entry for this model (quant-agnostic), best matching this machine. Where the
+    registry also measured the precision this model is stored at (a sweep's MODEL@q8 entry, say),
+    that entry: its speedup was measured against greedy decoding at that precision."""
     from .names import target_key
 
     key = target_key(model)
-    entries = [e for e in read_registry(registry) if target_key(str(e.get("target", ""))) == key]
+    pairs = read_registry(registry)
+    entries = [e for e in pairs if target_key(str(e.get("target", ""))) == key]
+    label = _stored_precision(model)
+    if label is not None:
+        entries = [e for e in pairs if target_key(str(e.get("target", ""))) == f"{key}@{label}"] or entries
     if not entries:
         return None
 
