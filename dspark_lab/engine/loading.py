@@ -181,6 +181,12 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
     return read_json(cfg_path)
 
 
+def quantization_entry(config: dict[str, Any]) -> Any:
+    """A model config's quantization entry as written (mlx-lm's "quantization", or Hugging Face's
+    "quantization_config"); None for float weights."""
+    return config.get("quantization") or config.get("quantization_config")
+
+
 def validate_config(model_dir: Path) -> dict[str, Any]:
     """config.json present, a model_type mlx-lm (or mlx-vlm) knows, quantization bits mlx supports."""
     cfg_path = model_dir / "config.json"
@@ -189,7 +195,7 @@ def validate_config(model_dir: Path) -> dict[str, Any]:
     if not model_type:
         raise LoadError(f"{cfg_path} has no model_type; dspark-lab cannot tell which architecture to build.")
     choose_loader(config, cfg_path)
-    quant = config.get("quantization") or config.get("quantization_config") or {}
+    quant = quantization_entry(config) or {}
     bits = quant.get("bits") if isinstance(quant, dict) else None
     if bits is not None and bits not in SUPPORTED_QUANT_BITS:
         raise LoadError(f"unsupported quantization: {bits} bits in {cfg_path}; MLX supports {', '.join(map(str, SUPPORTED_QUANT_BITS))}. Re-quantize the model (e.g. `mlx_lm.convert -q --q-bits 4`).")

@@ -15,7 +15,7 @@ import mlx.core as mx
 from ..errors import InputError, LoadError
 from .drafters.lookup import LookupConfig, NgramIndex
 from .generate import Draft, DraftSource, GenResult, _setup, cap_schedule, speculative_loop
-from .loading import load_target
+from .loading import load_target, quantization_entry, read_model_config
 from .target import Target
 from .text import TextStream
 
@@ -280,10 +280,10 @@ def _stored_precision(model: str) -> str | None:
     from .names import DEQUANTIZED
 
     try:
-        config = json.loads((Path(model).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
+        config = read_model_config(Path(model).expanduser())
+    except (LoadError, OSError):
         return None
-    quant = config.get("quantization") or config.get("quantization_config")
+    quant = quantization_entry(config)
     if quant is None:
         return DEQUANTIZED
     bits = quant.get("bits") if isinstance(quant, dict) else None
@@ -296,12 +296,11 @@ def _registry_entry(model: str, registry, machine: str | None) -> dict | None:
     that entry: its speedup was measured against greedy decoding at that precision."""
     from .names import target_key
 
-    key = target_key(model)
-    pairs = read_registry(registry)
-    entries = [e for e in pairs if target_key(str(e.get("target", ""))) == key]
-    label = _stored_precision(model)
+    key, label = target_key(model), _stored_precision(model)
+    keyed = [(target_key(str(e.get("target", ""))), e) for e in read_registry(registry)]
+    entries = [e for k, e in keyed if k == key]
     if label is not None:
-        entries = [e for e in pairs if target_key(str(e.get("target", ""))) == f"{key}@{label}"] or entries
+        entries = [e for k, e in keyed if k == f"{key}@{label}"] or entries
     if not entries:
         return None
 
