@@ -239,9 +239,15 @@ def generate(
         err.print(f"[dim]caps chosen per round: {controller.history}[/]")
     err.print(
         f"[dim]{result.num_tokens} tokens ({result.finish_reason}) in {result.num_rounds} rounds, "
-        f"mean accept length {result.mean_accept_len:.2f}, {result.tokens_per_sec:.1f} tok/s "
-        f"(decode {result.decode_tokens_per_sec:.1f} tok/s, prefill {result.prefill_seconds * 1000:.0f} ms)[/]"
+        f"mean accept length {result.mean_accept_len:.2f}, {_rate(result.tokens_per_sec)} tok/s "
+        f"(decode {_rate(result.decode_tokens_per_sec)} tok/s, prefill {result.prefill_seconds * 1000:.0f} ms)[/]"
     )
+
+
+def _rate(per_second: float) -> str:
+    """A rate to print: one decimal, or two significant digits below 1/s (a bfloat16 model on a
+    CPU without bfloat16 arithmetic decodes at 0.02 tok/s, which one decimal shows as 0.0)."""
+    return f"{per_second:.1f}" if per_second >= 1 else f"{per_second:.2g}"
 
 
 class CalMode(str, Enum):

@@ -34,6 +34,13 @@ def test_generate_streams_and_reports(tiny_dirs, mode):
     assert "12 tokens (length)" in r.output and "mean accept length" in r.output and "tok/s" in r.output
 
 
+def test_a_slow_rate_keeps_its_digits():
+    from dspark_lab.cli import _rate
+
+    assert _rate(267.34) == "267.3" and _rate(1.0) == "1.0"
+    assert _rate(0.0234) == "0.023" and _rate(0.5) == "0.5"  # not "0.0" for a bfloat16 model on a CPU
+
+
 def test_generate_on_a_bfloat16_model_notes_the_cpu_cast(tiny_dirs, tiny_bf16_dir):
     r = runner.invoke(app, ["generate", "-m", str(tiny_bf16_dir), "-p", "a b c", "--mode", "baseline", "-n", "3"])
     assert r.exit_code == 0, r.output
