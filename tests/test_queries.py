@@ -95,6 +95,32 @@ def test_same_model_on_two_machines_gives_two_rows(tmp_path):
     assert got == {(METAL, 2.0), (CUDA, 4.0)}
 
 
+def test_an_arm_is_paired_with_the_baseline_of_its_own_run(tmp_path):
+    """Two lent machines of one class share a device key but not a speed: a second run on a
+    host where everything ran slower is compared with its own baseline, not a pooled one."""
+    from labdb import _run
+
+    engine = open_db(fill_synthetic(tmp_path / "db.duckdb"))
+    with Session(engine) as s:
+        s.add(_run("run-metal-slow", METAL, "dk-metal", "metal"))
+        s.add(_run("run-metal-nobase", METAL, "dk-metal", "metal"))
+        for p in PROMPTS:
+            for i in range(2):
+                s.add(trial("run-metal-slow", MODEL_A, "baseline", "0", p, i, 40.0))
+                s.add(trial("run-metal-slow", MODEL_A, "dspark", "7", p, i, 100.0, drafter=HEAD_A))
+            s.add(trial("run-metal-nobase", MODEL_A, "dspark", "9", p, 0, 600.0, drafter=HEAD_A))
+        s.commit()
+    pooled = summary(engine, by_domain=False)
+    slow = _row(pooled, model_id=MODEL_A, mode="dspark", cap="7")
+    assert slow["speedup"] == pytest.approx(2.5) and (slow["ci_lo"], slow["ci_hi"]) == pytest.approx((2.5, 2.5))
+    assert slow["baseline_median_tok_s"] == pytest.approx(40.0) and slow["run_ids"] == ["run-metal-slow"]
+    # The first run's arm keeps its numbers: the slow run's baseline does not leak into it.
+    assert _row(pooled, model_id=MODEL_A, mode="dspark", cap="2")["speedup"] == pytest.approx(EXPECT_DSPARK2["speedup"])
+    # A run without a baseline of its own falls back to the device's baselines, pooled.
+    nobase = _row(pooled, model_id=MODEL_A, mode="dspark", cap="9")
+    assert nobase["matched_prompts"] == 3 and 600.0 / 80.0 < nobase["speedup"] < 600.0 / 40.0
+
+
 def test_summary_is_deterministic_in_the_seed(synthetic):
     assert summary(synthetic, seed=3).equals(summary(synthetic, seed=3))
     no_boot = summary(synthetic, n_boot=0, by_domain=False).filter(summary(synthetic, by_domain=False)["mode"] == "dspark")

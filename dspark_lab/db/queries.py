@@ -196,10 +196,14 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
 
     - trials, prompts: how many generations and distinct prompts the arm has;
     - median_tok_s: median decode tok/s over the arm's trials; baseline_median_tok_s: median of
-      the same model's baseline trials on the prompts the arm shares with it (matched_prompts);
+      the same model's baseline trials on the prompts the arm shares with it (matched_prompts),
+      from the arm's own runs where they have them;
     - speedup: median over those prompts of (arm tok/s / baseline tok/s), each side averaged
-      over its trials of that prompt; ci_lo/ci_hi: bootstrap 95% interval resampling prompts
-      (`n_boot` resamples, deterministic in `seed`); null when the arm has no baseline;
+      over its trials of that prompt in one run, the baseline taken from the same run (measured
+      side by side) and, only where that run has none for the prompt, from every run on the same
+      device; a prompt measured in several runs counts once, with the mean of its runs' ratios;
+      ci_lo/ci_hi: bootstrap 95% interval resampling prompts (`n_boot` resamples, deterministic
+      in `seed`); null when the arm has no baseline;
     - mean_accept_len: mean of the trials' mean accept length; per_position_acceptance: d0..dk
       averaged over the trials that drafted that deep;
     - lossless_trials / not_lossless_trials / unchecked_trials: every trial counted, none dropped;
@@ -211,7 +215,11 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
       (limit_tok_s: the plain-decoding bound; speculative arms may pass it); null for runs that
       recorded no bandwidth.
 
-    Machine is part of the key: a speedup pooled over two machines would describe neither.
+    Machine is part of the key: a speedup pooled over two machines would describe neither. The
+    run is part of the pairing for the same reason: two lent machines of one class share a device
+    key but not a speed (docs/performance.md, twenty-fourth and twenty-fifth rounds: greedy
+    decoding 45% faster on one than on another), so an arm measured on one is compared with the
+    baseline measured beside it, not with the other's.
     With by_domain=False, domain is "all" and prompts of every domain are pooled.
     `trials` reuses a frame already read with trials_frame (it is then filtered by run_ids).
     """
@@ -223,28 +231,39 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
     if df.is_empty():
         return pl.DataFrame(schema=SUMMARY_SCHEMA)
 
-    # Mean tok/s per (model, prompt) for the baselines, per (arm, prompt) for everyone.
-    per_prompt = df.group_by(ARM_KEY + PROMPT_KEY).agg(pl.col("decode_tokens_per_sec").mean().alias("tok_s"))
-    base = (per_prompt.filter(pl.col("mode") == "baseline")
-            .select("machine", "model_id", "domain", *PROMPT_KEY, pl.col("tok_s").alias("base_tok_s")))
-    paired = per_prompt.join(base, on=["machine", "model_id", "domain", *PROMPT_KEY], how="left")
+    # Mean tok/s per (arm, prompt, run); each paired with the same model's baseline on that prompt
+    # in the same run, else (a run without one) with the baseline pooled over the device's runs.
+    # Then one ratio per (arm, prompt): the mean over the runs that measured it.
+    target = ["machine", "model_id", "domain", *PROMPT_KEY]
+    per_run = df.group_by(ARM_KEY + PROMPT_KEY + ["run_id"]).agg(pl.col("decode_tokens_per_sec").mean().alias("tok_s"))
     base_trials = df.filter(pl.col("mode") == "baseline")
+    base_in_run = (per_run.filter(pl.col("mode") == "baseline")
+                   .select(*target, "run_id", pl.col("tok_s").alias("base_in_run")))
+    base_pooled = base_trials.group_by(target).agg(pl.col("decode_tokens_per_sec").mean().alias("base_pooled"))
+    paired = (per_run.join(base_in_run, on=[*target, "run_id"], how="left")
+              .join(base_pooled, on=target, how="left")
+              .with_columns(base_tok_s=pl.coalesce("base_in_run", "base_pooled"))
+              .filter(pl.col("base_tok_s").is_not_null() & (pl.col("base_tok_s") > 0))
+              .group_by(ARM_KEY + PROMPT_KEY)
+              .agg(ratio=(pl.col("tok_s") / pl.col("base_tok_s")).mean(), runs=pl.col("run_id").unique()))
 
     rows = []
     for key, g in df.group_by(ARM_KEY, maintain_order=True):
         arm = dict(zip(ARM_KEY, key))
-        pp = paired.filter(*[pl.col(k).eq_missing(v) for k, v in arm.items()])
-        matched = pp.filter(pl.col("base_tok_s").is_not_null() & (pl.col("base_tok_s") > 0))
-        # Baseline median over the baseline trials of exactly the prompts this arm shares with it.
+        matched = paired.filter(*[pl.col(k).eq_missing(v) for k, v in arm.items()])
+        # Baseline median over the baseline trials of exactly the prompts this arm shares with it,
+        # from the arm's own runs where those hold any.
         shared = base_trials.join(matched.select(PROMPT_KEY).unique(), on=PROMPT_KEY, how="semi").filter(
             (pl.col("machine") == arm["machine"]) & (pl.col("model_id") == arm["model_id"]) & (pl.col("domain") == arm["domain"]))
+        own = shared.filter(pl.col("run_id").is_in(g["run_id"].unique().to_list()))
+        shared = own if own.height else shared
         speedup = ci_lo = ci_hi = None
         if arm["mode"] == "baseline":
             speedup = ci_lo = ci_hi = 1.0
         elif matched.height:
             # Sorted so the bootstrap sees prompts in a fixed order whatever order the DB returned.
             matched = matched.sort(PROMPT_KEY)
-            ratios = (matched["tok_s"] / matched["base_tok_s"]).to_numpy()
+            ratios = matched["ratio"].to_numpy()
             speedup = float(np.median(ratios))
             ci_lo, ci_hi = _bootstrap_ci(ratios, n_boot, np.random.default_rng(_group_seed(seed, key)))
         lossless = g["lossless"]
