@@ -29,7 +29,7 @@ from .vega_js import javascript_bundle
 # (id, title, chart builder name, caption): the order charts appear in.
 CHARTS = (
     ("speedup", "Speedup vs cap",
-     "Median over prompts of (arm tok/s / baseline tok/s on the same prompt), with a 95% bootstrap interval over "
+     "Median over prompts of (arm tok/s / baseline tok/s on the same prompt in the same run), with a 95% bootstrap interval over "
      "prompts. The dashed line is the baseline (1.0); a red ring marks an arm with a trial that was not lossless."),
     ("throughput", "Throughput",
      "Median decode tokens per second of each arm and of the plain-decoding baseline."),
