@@ -245,7 +245,7 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
               .with_columns(base_tok_s=pl.coalesce("base_in_run", "base_pooled"))
               .filter(pl.col("base_tok_s").is_not_null() & (pl.col("base_tok_s") > 0))
               .group_by(ARM_KEY + PROMPT_KEY)
-              .agg(ratio=(pl.col("tok_s") / pl.col("base_tok_s")).mean(), runs=pl.col("run_id").unique()))
+              .agg(ratio=(pl.col("tok_s") / pl.col("base_tok_s")).mean()))
 
     rows = []
     for key, g in df.group_by(ARM_KEY, maintain_order=True):
