@@ -75,7 +75,7 @@ def main() -> None:
                          "divergence": div, "mean_accept": round(r.mean_accept_len, 2),
                          "speedup": round(r.decode_tokens_per_sec / base.decode_tokens_per_sec, 3) if base.decode_tokens_per_sec else None,
                          "accept_lengths": r.accept_lengths, "draft_lengths": r.draft_lengths})
-            print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("accept_lengths", "draft_lengths")}))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("accept_lengths", "draft_lengths")}), flush=True)  # a CPU run takes minutes a prompt
     same = sum(r["identical"] for r in rows)
     print(f"{same}/{len(rows)} identical; {time.perf_counter() - t0:.0f} s in all")
     for arm in sorted({r["arm"] for r in rows}):
