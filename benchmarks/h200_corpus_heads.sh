@@ -29,11 +29,13 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 # the generation had spent its minutes.
 case ${MINUTES:-8} in ''|*[!0-9]*) echo "MINUTES must be a whole number of minutes, got '${MINUTES:-}'"; exit 2 ;; esac
 name=$1
+# A suffix names another run of the same model (qwen15-wide): its own /tmp/NAME, log and
+# `h200_collect.sh NAME`, so two runs can share one GPU side by side (give each CACHE_GB).
 case $name in
-  smol)   model=/root/ship/smollm2/smollm2-135m; arch="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 1024"; cap=4 ;;
-  qwen05) model=/root/ship/qwen05/qwen2.5-coder-0.5b-q4-bfloat16; arch="--block 8 --layers 2 --markov-rank 64 --seqs 8 --anchors 512"; cap=7 ;;
-  qwen15) model=/root/ship/qwen15/qwen2.5-coder-1.5b-q4-bfloat16; arch="--block 8 --layers 2 --markov-rank 64 --seqs 4 --anchors 256"; cap=7 ;;
-  *) echo "unknown head $name (smol, qwen05, qwen15)"; exit 2 ;;
+  smol|smol-*)     model=/root/ship/smollm2/smollm2-135m; arch="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 1024"; cap=4 ;;
+  qwen05|qwen05-*) model=/root/ship/qwen05/qwen2.5-coder-0.5b-q4-bfloat16; arch="--block 8 --layers 2 --markov-rank 64 --seqs 8 --anchors 512"; cap=7 ;;
+  qwen15|qwen15-*) model=/root/ship/qwen15/qwen2.5-coder-1.5b-q4-bfloat16; arch="--block 8 --layers 2 --markov-rank 64 --seqs 4 --anchors 256"; cap=7 ;;
+  *) echo "unknown head $name (smol, qwen05, qwen15, or one of them with a suffix: qwen15-wide)"; exit 2 ;;
 esac
 arch=${ARCH:-$arch}  # e.g. ARCH="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 2048"
 # DETACH=1: start this run detached from the calling shell (setsid nohup, output in LOG, default

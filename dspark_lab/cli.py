@@ -654,7 +654,7 @@ def distill(
     compute_dtype: Annotated[str, typer.Option(help="The head's forward and backward in training: float32, or bfloat16 on copies of its float32 weights (mixed precision; the optimizer still updates float32 weights). Time both with benchmarks/distill_step.py --compute float32,bfloat16.")] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
     data_only: Annotated[bool, typer.Option(help="Only make the training data (OUT/data.jsonl), e.g. on a CPU machine; a later run with the same --out trains on it.")] = False,
-    init: Annotated[Optional[Path], typer.Option(help="Start from this trained head's weights (a distill output of the same architecture), with a fresh optimizer.")] = None,
+    init: Annotated[Optional[Path], typer.Option(help="Start from this trained head's weights (a distill output of the same architecture, or of a narrower --intermediate-size: its MLPs are widened, computing the same until training moves the new units), with a fresh optimizer.")] = None,
     mix: Annotated[str, typer.Option(help="Draw training rows by prompt set: 'PATTERN=WEIGHT,...', shell-style patterns on each row's set (e.g. 'self_code*=2,code_*=2,corpus:*=0.5'); the first match wins, other rows weigh 1. Leans training toward what the head lags on.")] = "",
 ):
     """Train a DSpark head for a model that has none, on the model's own outputs (MLX: Metal, CUDA or, slowly, CPU)."""

@@ -26,7 +26,7 @@ done
 """
 
 
-def run_script(tmp_path, **env):
+def run_script(tmp_path, name="qwen05", **env):
     bin_dir, run = tmp_path / "bin", tmp_path / "run"
     bin_dir.mkdir()
     (bin_dir / "python3").write_text(STUB)
@@ -40,7 +40,7 @@ def run_script(tmp_path, **env):
     (run / ".collect").mkdir()  # (and its half-returned snapshot)
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "RUN_DIR": str(run),
             "DATA": str(data), "TIMING": "none", **env}
-    out = subprocess.run(["bash", str(SCRIPT), "qwen05"], env=full, capture_output=True, text=True, check=True,
+    out = subprocess.run(["bash", str(SCRIPT), name], env=full, capture_output=True, text=True, check=True,
                          cwd=SCRIPT.parents[1]).stdout
     return out, calls.read_text().splitlines(), run
 
@@ -72,6 +72,16 @@ def test_self_instruct_of_two_kinds_writes_n_of_each_and_both_go_first(tmp_path)
     assert "--kind math --n 3000 --seed 3" in calls[1] and f"--out {math}" in calls[1]
     assert f"--prompts {code},{math},/x/math_synth4.jsonl.gz " in calls[2] and "--data-only" in calls[2]
     assert "self-instruct code rc=0" in out and "self-instruct math rc=0" in out and len(calls) == 5
+
+
+def test_a_suffixed_name_is_another_run_of_the_same_model(tmp_path):
+    """qwen15-wide: the 1.5B's model and defaults, its own run (two can share a GPU side by side);
+    a name of no known model is refused before anything runs."""
+    _, calls, _ = run_script(tmp_path, name="qwen15-wide", ARCH="--block 8 --intermediate-size 3072")
+    assert "-m /root/ship/qwen15/qwen2.5-coder-1.5b-q4-bfloat16 " in calls[0] and "--intermediate-size 3072" in calls[0]
+    assert "--cap 7" in calls[1]  # the held-out evaluation at the 1.5B's cap
+    r = subprocess.run(["bash", str(SCRIPT), "qwen3-wide"], capture_output=True, text=True, cwd=SCRIPT.parents[1])
+    assert r.returncode == 2 and "unknown head qwen3-wide" in r.stdout
 
 
 def test_without_self_instruct_the_generation_takes_gen_prompts_alone(tmp_path):

@@ -157,7 +157,7 @@ def test_init_continues_from_a_head_stored_quantized(tiny_dirs, trained, tmp_pat
 
 def test_a_narrower_mlp_makes_a_smaller_head_that_loads_and_decodes_losslessly(tiny_dirs, trained, tmp_path):
     """--intermediate-size: the head's MLP width, not the target's (how a Qwen 1.5B head fits the
-    20 MB a committed head may be); saved in its config, loaded strictly, continued only as it is."""
+    20 MB a committed head may be); saved in its config, loaded strictly, never narrowed by --init."""
     import shutil
 
     out = tmp_path / "narrow"
@@ -176,8 +176,68 @@ def test_a_narrower_mlp_makes_a_smaller_head_that_loads_and_decodes_losslessly(t
     other = tmp_path / "other"
     other.mkdir()
     shutil.copy(trained / "data.jsonl", other / "data.jsonl")
-    with pytest.raises(InputError, match="intermediate_size 16 \\(--init\\) vs"):
-        distill(config(tiny_dirs["qwen3"], other, steps=2, init=str(out)), progress=False, say=lambda m: None)
+    width = cfg_width = json.loads((trained / "config.json").read_text())["intermediate_size"]
+    with pytest.raises(InputError, match=f"intermediate_size {cfg_width} \\(--init\\) vs 8 .*a wider --intermediate-size widens it"):
+        distill(config(tiny_dirs["qwen3"], other, steps=2, intermediate_size=8, init=str(trained)), progress=False, say=lambda m: None)
+    assert width > 16
+
+
+def test_init_widens_a_narrower_head_without_changing_what_it_computes(tiny_dirs, trained, tmp_path):
+    """--init with a wider --intermediate-size than the trained head's: the trained MLP units are
+    kept, the new ones start with zero output weights, so the wider head's block loss equals the
+    narrow head's before any step; the first steps then move the new units, and the head is saved
+    at the new width, strict-loadable and lossless."""
+    import shutil
+
+    from dspark_lab.engine.drafters.dspark import DSparkHead
+    from dspark_lab.lab.distill import _init_from, block_loss
+
+    narrow = tmp_path / "narrow"
+    narrow.mkdir()
+    shutil.copy(trained / "data.jsonl", narrow / "data.jsonl")
+    distill(config(tiny_dirs["qwen3"], narrow, steps=8, eval_every=100, intermediate_size=16), progress=False, say=lambda m: None)
+
+    target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], narrow, drafter_bits=16)
+    c = drafter.config
+    mx.random.seed(5)
+    wide_c = __import__("dataclasses").replace(c, intermediate_size=48)
+    wide = DSparkHead(wide_c, target.hidden_size)
+    from dspark_lab.engine.drafters.load import quantize_head_dir
+
+    quantize_head_dir(narrow, tmp_path / "narrow-q4", bits=4)  # as a committed head is stored
+    assert "widened from 16 to 48" in _init_from(DSparkHead(wide_c, target.hidden_size), wide_c, tmp_path / "narrow-q4")
+    note = _init_from(wide, wide_c, narrow)
+    assert "widened from 16 to 48" in note
+    mlp = wide.layers[0].mlp
+    assert mlp.gate_proj.weight.shape == (48, c.hidden_size) and mlp.down_proj.weight.shape == (c.hidden_size, 48)
+    assert not mx.any(mlp.down_proj.weight[:, 16:]).item() and mx.any(mlp.gate_proj.weight[16:]).item()
+    row = json.loads((narrow / "data.jsonl").read_text().splitlines()[0])
+    ids = mx.array(row["ids"], dtype=mx.uint32)
+    taps = target.forward(ids, target.make_cache(), taps=c.target_layer_ids).taps
+    cat = mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1)
+    anchors = mx.arange(row["prompt_len"], len(row["ids"]) - 2, dtype=mx.int32)
+    same = DSparkHead(c, target.hidden_size)  # the narrow head as --init loads it (float32), not widened
+    assert _init_from(same, c, narrow) == ""
+    before = block_loss(same, c, target.embed, target.head_logits, cat, ids, anchors).item()
+    after = block_loss(wide, wide_c, target.embed, target.head_logits, cat, ids, anchors).item()
+    assert after == pytest.approx(before, rel=1e-6)
+
+    out = tmp_path / "wide"
+    out.mkdir()
+    shutil.copy(trained / "data.jsonl", out / "data.jsonl")
+    said = []
+    distill(config(tiny_dirs["qwen3"], out, steps=4, eval_every=100, intermediate_size=48, init=str(narrow)),
+            progress=False, say=said.append)
+    assert any("widened from 16 to 48" in m for m in said)
+    first = json.loads((out / "train_log.jsonl").read_text().splitlines()[0])["loss"]
+    narrow_log = [json.loads(line)["loss"] for line in (narrow / "train_log.jsonl").read_text().splitlines()]
+    assert first < narrow_log[0]  # it starts where the narrow head got to, not where a fresh head begins
+    assert json.loads((out / "config.json").read_text())["intermediate_size"] == 48
+    target, tok, wide_drafter, _ = load_pair(tiny_dirs["qwen3"], out, drafter_bits=16, max_draft_tokens=4)
+    assert mx.any(wide_drafter.head.layers[0].mlp.down_proj.weight[:, 16:]).item()  # training moved the new units
+    for p in PROMPTS[:2]:
+        r = speculative_generate(target, tok, wide_drafter, p, max_new_tokens=20, max_draft_tokens=4, lookup_drafts=False)
+        assert r.token_ids == greedy_generate(target, tok, p, max_new_tokens=20).token_ids
 
 
 def test_bad_distill_options(tiny_dirs, tmp_path):

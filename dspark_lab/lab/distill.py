@@ -29,7 +29,7 @@ import math
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -622,9 +622,11 @@ def _save_checkpoint(head: DSparkHead, optimizer, ckpt: Path, step: int) -> None
     (ckpt / "state.json").write_text(json.dumps({"step": step}))
 
 
-def _init_from(head: DSparkHead, c: DSparkConfig, src: Path) -> None:
+def _init_from(head: DSparkHead, c: DSparkConfig, src: Path) -> str:
     """Load a trained head's weights into the fresh head: same architecture and taps, or an
-    error naming what differs (the weights would not mean the same thing otherwise)."""
+    error naming what differs (the weights would not mean the same thing otherwise). The one
+    difference allowed is a wider MLP (`--intermediate-size` above the trained head's): the head is
+    widened without changing what it computes (below), so training goes on from where it was."""
     cfg_file, weights = src / "config.json", src / "model.safetensors"
     if not cfg_file.exists() or not weights.exists():
         raise InputError(f"--init {str(src)!r} is not a head directory (needs config.json and model.safetensors, as distill writes).")
@@ -632,16 +634,39 @@ def _init_from(head: DSparkHead, c: DSparkConfig, src: Path) -> None:
     ours = {"block_size": c.block_size, "num_hidden_layers": c.num_hidden_layers, "markov_rank": c.markov_rank,
             "target_layer_ids": list(c.target_layer_ids), "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size}
     differ = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
+    narrower = differ.pop("intermediate_size", None)
+    if narrower is not None and not (isinstance(narrower[0], int) and 0 < narrower[0] < narrower[1]):
+        differ["intermediate_size"] = narrower  # a narrower MLP would drop what the head learned
     if differ:
         what = ", ".join(f"{k} {a} (--init) vs {b} (this run)" for k, (a, b) in differ.items())
-        raise InputError(f"--init head {str(src)!r} has another architecture: {what}. Use the same --block, --layers, --markov-rank and --intermediate-size it was trained with.")
+        raise InputError(f"--init head {str(src)!r} has another architecture: {what}. Use the same --block, --layers, "
+                         "--markov-rank and --intermediate-size it was trained with (a wider --intermediate-size widens it).")
+    their_c = replace(c, intermediate_size=narrower[0]) if narrower else c
+    trained = DSparkHead(their_c, head.fc.weight.shape[1] // len(c.target_layer_ids))
     loaded = mx.load(str(weights))
-    stored = stored_quantization(theirs, set(loaded))
-    if stored is not None:  # a head stored quantized (quantize-head, to be small enough for git): its values as floats
-        stored_head = DSparkHead(c, head.fc.weight.shape[1] // len(c.target_layer_ids))
-        load_into(stored_head, loaded, stored, 16)
-        loaded = dict(tree_flatten(stored_head.parameters()))
-    head.load_weights([(k, v.astype(mx.float32)) for k, v in loaded.items()], strict=True)
+    # A head stored quantized (quantize-head, to be small enough for git) starts from its values as floats.
+    load_into(trained, loaded, stored_quantization(theirs, set(loaded)), 16)
+    values = {k: v.astype(mx.float32) for k, v in tree_flatten(trained.parameters())}
+    if narrower:
+        values = _widened(values, dict(tree_flatten(head.parameters())), narrower[0])
+    head.load_weights(list(values.items()), strict=True)
+    return f", its MLPs widened from {narrower[0]} to {narrower[1]} units (the new ones start silent)" if narrower else ""
+
+
+def _widened(values: dict[str, mx.array], fresh: dict[str, mx.array], width: int) -> dict[str, mx.array]:
+    """The trained head's weights in a head whose MLPs are wider than its `width`: each MLP keeps
+    its units as the first `width`, the new units get the fresh head's random gate and up rows and
+    zero down-projection columns. A new unit's output is multiplied by those zeros, so the wider
+    head computes exactly what the trained one did; the gradient through the zeros is not zero
+    (it is the unit's activation times the error), so training puts the new units to use."""
+    out = dict(values)
+    for name, new in fresh.items():
+        if name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):  # (intermediate, hidden)
+            out[name] = mx.concatenate([values[name], new[width:].astype(mx.float32)], axis=0)
+        elif name.endswith("mlp.down_proj.weight"):  # (hidden, intermediate)
+            old = values[name]
+            out[name] = mx.concatenate([old, mx.zeros((old.shape[0], new.shape[1] - width), mx.float32)], axis=1)
+    return out
 
 
 def _save_head(head: DSparkHead, path: Path, dtype: str = "float32") -> None:
@@ -739,8 +764,8 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     elif resume and not cfg.init:
         say("no checkpoint to resume from: starting at step 0")
     if cfg.init and step == 0:
-        _init_from(head, c, Path(cfg.init))
-        say(f"starting from the weights of {cfg.init} (fresh optimizer)")
+        widened = _init_from(head, c, Path(cfg.init))
+        say(f"starting from the weights of {cfg.init} (fresh optimizer{widened})")
     mx.eval(head.parameters())
     lm_head = dense_lm_head(teacher)
     loss_and_grad = head_loss_and_grad(head, c, teacher, lm_head, cfg)
