@@ -66,17 +66,17 @@ if [ "${WAIT:-0}" -gt 0 ]; then
   echo "waited ${waited} s of ${WAIT}$why"
 fi
 src=$run${HEAD:+/$HEAD}  # the head directory whose config and weights come back
-# HEAD=q4 (or q8) while distill runs: the newest checkpoint is stored at those bits here first
+# HEAD=q4 (or q8, or q3 with QGROUP=128 as the run's) while distill runs: the newest checkpoint is stored at those bits here first
 # (dspark-lab quantize-head, about 10 s; so poll after `source /root/ship/mlx/activate`), and every
 # poll brings back the head as far as it has trained. A machine given back between two polls
 # (the seventeenth round lost a 19-minute run that way) then loses only the steps since the last
 # poll. Written beside and moved into place; once distill has ended, h200_corpus_heads.sh stores
 # the final head itself.
 case ${HEAD:-} in
-  q4|q8)
+  q3|q4|q8)
     if [ -f "$run/model.safetensors" ] && [ ! -f "$run/.distill_done" ] && [ "$run/model.safetensors" -nt "$src/model.safetensors" ]; then
       rm -rf "$src.poll"
-      if python3 -m dspark_lab quantize-head "$run" --out "$src.poll" --bits "${HEAD#q}" > "$run/quantize_poll.log" 2>&1; then
+      if python3 -m dspark_lab quantize-head "$run" --out "$src.poll" --bits "${HEAD#q}" --group-size "${QGROUP:-64}" > "$run/quantize_poll.log" 2>&1; then
         rm -rf "$src" && mv "$src.poll" "$src" && echo "stored the newest checkpoint at ${HEAD#q} bits: $(tail -1 "$run/quantize_poll.log")"
       else
         echo "quantize-head failed on the newest checkpoint: $(tail -1 "$run/quantize_poll.log")"

@@ -115,11 +115,13 @@ touch "$run/.distill_done"  # h200_collect.sh now returns the final head first
 # Collect it with HEAD=q4 bash benchmarks/h200_collect.sh NAME. It is what gets evaluated and timed,
 # loaded as stored; the float head's evaluation (eval_float.json) runs last, to say what the
 # quantization cost, and is the first thing a session running out of time loses.
+# QUANT=3 QGROUP=128: 3 bits in groups of 128, for a head 4 bits leave over the 20 MB a committed
+# one may be (a 1.5B head with a 3,072-wide MLP); it loads as stored at --drafter-bits 4.
 head=$run; bits=16
 if [ -n "${QUANT:-}" ]; then
-  head=$run/q$QUANT; bits=$QUANT
+  head=$run/q$QUANT; bits=$(( QUANT < 4 ? 4 : QUANT ))
   rm -rf "$head.new"  # written beside and moved into place, as h200_collect.sh does with checkpoints
-  python3 -m dspark_lab quantize-head "$run" --out "$head.new" --bits "$QUANT" > "$run/quantize.log" 2>&1
+  python3 -m dspark_lab quantize-head "$run" --out "$head.new" --bits "$QUANT" --group-size "${QGROUP:-64}" > "$run/quantize.log" 2>&1
   rc=$?; [ $rc = 0 ] && rm -rf "$head" && mv "$head.new" "$head"
   echo "$name quantize rc=$rc at ${SECONDS}s"; tail -1 "$run/quantize.log"
 fi

@@ -91,7 +91,7 @@ def generate(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
     max_draft: Annotated[Optional[str], typer.Option(help="Most tokens drafted per round (lookup default 8; dspark default 2, at most the head's block size; draft default 4), or 'auto': a live cap controller on this machine's calibrated cost curves.")] = None,
     db: Annotated[Path, typer.Option(help="Results database holding calibration curves (used by --max-draft auto).")] = Path("results.duckdb"),
-    drafter_bits: Annotated[int, typer.Option(help="Quantize the drafter's weights at load: 4, 8, or 16 (float).")] = 4,
+    drafter_bits: Annotated[int, typer.Option(help="Quantize the drafter's weights at load: 4, 8, or 16 (float); a head stored at these bits or fewer loads as stored.")] = 4,
     drafter_window: Annotated[int, typer.Option(help="Context positions the drafter attends to.")] = 4096,
     confidence_threshold: Annotated[float, typer.Option(help="Cut a DSpark draft where the head's confidence falls below this (0 = off).")] = 0.0,
     lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on). In dspark-pipe mode the match runs on the device and its tokens replace the head's slot by slot (default: off, not yet measured on a GPU).")] = None,
@@ -270,7 +270,7 @@ def calibrate(
     recalibrate: Annotated[bool, typer.Option(help="Measure again even when stored curves match this machine and pair.")] = False,
     repeats: Annotated[int, typer.Option(help="Timed repeats per point (after a warm-up).")] = 5,
     max_draft: Annotated[Optional[int], typer.Option(help="Largest cap to measure (default: the head's block size; 8 for lookup and draft).")] = None,
-    drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
+    drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16 (a head stored at these bits or fewer loads as stored).")] = 4,
     validate_caps: Annotated[bool, typer.Option("--validate", help="Also run the pair at every cap on built-in code prompts: predicted vs measured round time, and whether the controller's cap is within 5% of the best.")] = False,
     kv_bits: Annotated[Optional[int], typer.Option(help="Quantize the KV cache to this many bits.")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too); float32 is fastest on CPU.")] = None,
@@ -390,7 +390,7 @@ def sweep(
     run_id: Annotated[Optional[str], typer.Option(help="Resume this run id.")] = None,
     cooldown: Annotated[float, typer.Option(help="Seconds to rest between arms.")] = 0.0,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Run every arm once, untimed, before measuring.")] = True,
-    drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
+    drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16 (a head stored at these bits or fewer loads as stored).")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too); float32 is fastest on CPU.")] = None,
     launch_every: LaunchEveryOpt = "0",
     pipe_lookup: Annotated[bool, typer.Option(help="dspark-pipe arms add n-gram lookup drafts matched on the device.")] = False,
@@ -495,7 +495,7 @@ def benchmark(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 200,
     db: Annotated[Path, typer.Option(help="Results database (DuckDB).")] = Path("results.duckdb"),
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Export the run as a result JSON file to submit.")] = None,
-    drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16.")] = 4,
+    drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16 (a head stored at these bits or fewer loads as stored).")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too); float32 is fastest on CPU.")] = None,
     launch_every: LaunchEveryOpt = "0",
     precisions: PrecisionsOpt = "as-loaded",
@@ -675,15 +675,17 @@ def distill(
 def quantize_head_cmd(
     head: Annotated[Path, typer.Argument(help="A DSpark or DFlash head directory with float weights (as distill writes a DSpark one).")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Where to write the quantized head.")],
-    bits: Annotated[int, typer.Option(help="4 or 8 bits, group size 64 (what --drafter-bits quantizes to at load).")] = 4,
+    bits: Annotated[int, typer.Option(help="Weight bits: 4 or 8 as --drafter-bits quantizes at load; 2, 3, 5 or 6 where a head must be smaller still.")] = 4,
+    group_size: Annotated[int, typer.Option(help="Weights sharing one scale and bias: 32, 64 (as at load) or 128 (smaller, coarser).")] = 64,
 ):
     """Store a head's weights quantized: about 30% (4 bits) or 55% (8 bits) of its bfloat16 size,
-    small enough to commit beside a project. It loads as stored (--drafter-bits 16 dequantizes it),
-    and `distill --init` continues training from a DSpark head's values."""
+    small enough to commit beside a project (3 bits in groups of 128: about 20%). It loads as stored
+    at the default --drafter-bits 4 or above (--drafter-bits 16 dequantizes it), and `distill
+    --init` continues training from a DSpark head's values."""
     from .engine.drafters.load import quantize_head_dir
 
-    before, after = quantize_head_dir(head, out_dir, bits)
-    out.print(f"{out_dir}: weights {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB at {bits} bits")
+    before, after = quantize_head_dir(head, out_dir, bits, group_size)
+    out.print(f"{out_dir}: weights {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB at {bits} bits, groups of {group_size}")
 
 
 @app.command()

@@ -126,6 +126,16 @@ def test_quant_stores_the_head_quantized_and_evaluates_and_times_that_one_then_t
     assert "quantize rc=0" in out and "eval (4 bits) rc=0" in out and "eval (16 bits) rc=0" in out and "timing rc=0" in out
 
 
+def test_quant_3_stores_3_bits_in_qgroup_groups_and_loads_them_as_stored(tmp_path):
+    """QUANT=3 QGROUP=128 (a head 4 bits leave over 20 MB): quantize-head gets both, and every
+    later step loads the 3-bit head at --drafter-bits 4, which keeps it as stored."""
+    out, calls, run = run_script(tmp_path, QUANT="3", QGROUP="128", SWEEP="1", CAPS="7")
+    train, quantize, evaluate, sweep, float_eval = calls
+    assert f"quantize-head {run} --out {run}/q3.new --bits 3 --group-size 128" in quantize
+    assert f"--head {run}/q3 --drafter-bits 4 " in evaluate and f"-d {run}/q3 --drafter-bits 4 " in sweep
+    assert "eval (4 bits) rc=0" in out
+
+
 def test_without_quant_the_float_head_is_evaluated_once_and_timed(tmp_path):
     out, calls, run = run_script(tmp_path, TIMING="overlap")
     assert len(calls) == 3 and not any("quantize-head" in c for c in calls)

@@ -76,8 +76,45 @@ def test_other_bits_start_from_the_stored_values(heads, qwen3):
     assert type(as_float.head.fc) is nn.Linear
     expected = mx.dequantize(fc.weight, fc.scales, fc.biases, fc.group_size, fc.bits)
     assert mx.array_equal(as_float.head.fc.weight, expected).item()
-    at8 = load_dspark(q4, target, bits=8)
-    assert at8.head.fc.bits == 8
+    at8 = load_dspark(q4, target, bits=8)  # more bits than stored: the stored values, as stored
+    assert at8.head.fc.bits == 4 and mx.array_equal(at8.head.fc.weight, fc.weight).item()
+
+
+def test_fewer_bits_than_stored_quantize_the_stored_values_again(heads, qwen3):
+    _, _, q8, _ = heads
+    target, _ = qwen3
+    fc8 = load_dspark(q8, target, bits=8).head.fc
+    at4 = load_dspark(q8, target, bits=4).head.fc
+    assert (fc8.bits, at4.bits) == (8, 4)
+    again = nn.QuantizedLinear.from_linear(_as_linear(fc8), group_size=64, bits=4)
+    assert mx.array_equal(at4.weight, again.weight).item() and mx.array_equal(at4.scales, again.scales).item()
+
+
+def _as_linear(q: nn.QuantizedLinear) -> nn.Linear:
+    lin = nn.Linear(q.weight.shape[1] * 32 // q.bits, q.weight.shape[0], bias=False)
+    lin.weight = mx.dequantize(q.weight, q.scales, q.biases, q.group_size, q.bits)
+    return lin
+
+
+def test_a_head_stored_at_3_bits_is_smaller_and_loads_as_stored(tiny_dirs, heads, qwen3, tmp_path):
+    """Where 4 bits are too many for a committed head (a 1.5B head with a 3,072-wide MLP: 26 MB),
+    3 bits take fewer bytes (in groups of 128, where they divide the widths: a Qwen 1.5B head's
+    do, this tiny head's 64 does not, which is refused rather than left float); the default
+    --drafter-bits 4 keeps them as stored, and decoding stays lossless."""
+    float_head, _, _, sizes = heads
+    before, after = quantize_head_dir(float_head, tmp_path / "q3", bits=3, group_size=64)
+    assert before == sizes[4][0] and after < sizes[4][1]
+    q3 = tmp_path / "q3"
+    assert json.loads((q3 / "config.json").read_text())["quantization"] == {"group_size": 64, "bits": 3}
+    assert "3 bits, group size 64" in (q3 / "README.md").read_text()
+    with pytest.raises(LoadError, match=r"groups of 128 weights do not divide the input width of \S+ \(64\), which would stay float"):
+        quantize_head_dir(float_head, tmp_path / "q3-128", bits=3, group_size=128)
+    target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], q3, max_draft_tokens=3)
+    fc = drafter.head.fc
+    assert (fc.bits, fc.group_size) == (3, 64)
+    for p in PROMPTS[:3]:
+        r = speculative_generate(target, tok, drafter, p, max_new_tokens=20, max_draft_tokens=3, lookup_drafts=False)
+        assert r.token_ids == greedy_generate(target, tok, p, max_new_tokens=20).token_ids
 
 
 def test_checkpoints_that_do_not_say_how_they_are_quantized_are_refused(heads, qwen3, tmp_path):
@@ -101,14 +138,16 @@ def test_checkpoints_that_do_not_say_how_they_are_quantized_are_refused(heads, q
         quantize_head_dir(q4, tmp_path / "again")
     with pytest.raises(LoadError, match="another directory"):
         quantize_head_dir(float_head, float_head)
-    with pytest.raises(LoadError, match="4 or 8 bits"):
-        quantize_head_dir(float_head, tmp_path / "x", bits=3)
+    with pytest.raises(LoadError, match="one of 2, 3, 4, 5, 6, 8 bits in groups of one of 32, 64, 128 weights, got 7 bits"):
+        quantize_head_dir(float_head, tmp_path / "x", bits=7)
+    with pytest.raises(LoadError, match="got 4 bits in groups of 100"):
+        quantize_head_dir(float_head, tmp_path / "x", bits=4, group_size=100)
 
 
 def test_quantize_head_cli(heads, tmp_path):
     float_head, _, _, _ = heads
     r = CliRunner().invoke(app, ["quantize-head", str(float_head), "--out", str(tmp_path / "q"), "--bits", "8"])
     assert r.exit_code == 0, r.output
-    assert "MB at 8 bits" in r.output and (tmp_path / "q" / "model.safetensors").exists()
+    assert "MB at 8 bits, groups of 64" in r.output and (tmp_path / "q" / "model.safetensors").exists()
     r = CliRunner().invoke(app, ["quantize-head", str(tmp_path / "q"), "--out", str(tmp_path / "q2")])
     assert r.exit_code != 0 and "stored quantized already" in r.output

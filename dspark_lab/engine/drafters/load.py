@@ -75,7 +75,7 @@ def check_names(head: nn.Module, weights: dict[str, mx.array]) -> None:
         raise LoadError("the drafter's tensors do not match its declared architecture (" + "; ".join(parts) + ").")
 
 
-def quantize_head(head: nn.Module, bits: int, keep_float: tuple[str, ...] = ()) -> None:
+def quantize_head(head: nn.Module, bits: int, keep_float: tuple[str, ...] = (), group_size: int = QUANT_GROUP) -> None:
     """Quantize every Linear/Embedding whose input width the group size divides, except
     modules under the `keep_float` path prefixes."""
     if bits == 16:
@@ -84,9 +84,9 @@ def quantize_head(head: nn.Module, bits: int, keep_float: tuple[str, ...] = ()) 
     def eligible(path: str, m: nn.Module) -> bool:
         if any(part in path for part in keep_float):
             return False
-        return isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.shape[-1] % QUANT_GROUP == 0 and m.weight.shape[0] > 1
+        return isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.shape[-1] % group_size == 0 and m.weight.shape[0] > 1
 
-    nn.quantize(head, group_size=QUANT_GROUP, bits=bits, class_predicate=eligible)
+    nn.quantize(head, group_size=group_size, bits=bits, class_predicate=eligible)
 
 
 def stored_quantization(cfg_json: dict, names: set[str]) -> tuple[int, int] | None:
@@ -109,7 +109,10 @@ def stored_quantization(cfg_json: dict, names: set[str]) -> tuple[int, int] | No
 def load_into(head: nn.Module, weights: dict[str, mx.array], stored: tuple[int, int] | None, bits: int,
               keep_float: tuple[str, ...] = ()) -> None:
     """Load `weights` into `head` strictly, in the layout they were stored in (quantized exactly
-    where the checkpoint has scales), then bring the head to `bits`."""
+    where the checkpoint has scales), then bring the head to `bits`: float weights are quantized to
+    them; a head stored quantized keeps its stored values at `bits` or more (more bits cannot give
+    back what storing took: a 3-bit head loads as 3 bits at the default 4), is quantized again
+    below them, and becomes float at 16."""
     if stored is not None:
         group, stored_bits = stored
         nn.quantize(head, group_size=group, bits=stored_bits, class_predicate=lambda path, m: f"{path}.scales" in weights)
@@ -117,7 +120,7 @@ def load_into(head: nn.Module, weights: dict[str, mx.array], stored: tuple[int, 
     head.load_weights(list(weights.items()), strict=True)
     if stored is None:
         quantize_head(head, bits, keep_float)
-    elif bits != stored[1]:
+    elif bits == 16 or bits < stored[1]:
         from mlx_lm.utils import dequantize_model
 
         dequantize_model(head)  # the stored values, as float weights
@@ -221,14 +224,16 @@ def float_head(path: Path, cfg_json: dict, raw: dict[str, mx.array]) -> tuple[st
     return "DSpark", DSparkHead(config, _target_hidden(path, weights, config.target_layer_ids)), weights, ()
 
 
-def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int = 4) -> tuple[int, int]:
-    """Write the DSpark or DFlash head at `src` to `dst` with its weights quantized (`bits`, group
-    64, exactly where and as loading quantizes them), config.json saying so, and its model card
+def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int = 4,
+                      group_size: int = QUANT_GROUP) -> tuple[int, int]:
+    """Write the DSpark or DFlash head at `src` to `dst` with its weights quantized (`bits`, groups
+    of `group_size`, where loading quantizes them), config.json saying so, and its model card
     (README.md) with a line saying how: a head small enough to commit, which `load_dspark` /
     `load_dflash` load as stored and `distill --init` continues from (DSpark). Nothing else of a
     distill folder (its data, log and checkpoint) is copied. Returns the weight bytes before and after."""
-    if bits not in (4, 8):
-        raise LoadError(f"a head is stored at 4 or 8 bits, got {bits}.")
+    if bits not in STORED_BITS or group_size not in STORED_GROUPS:
+        raise LoadError(f"a head is stored at one of {', '.join(map(str, STORED_BITS))} bits in groups of one of "
+                        f"{', '.join(map(str, STORED_GROUPS))} weights, got {bits} bits in groups of {group_size}.")
     path, cfg_json, raw = read_head(src)
     if stored_quantization(cfg_json, set(raw)) is not None:
         raise LoadError(f"the head in {str(path)!r} is stored quantized already; quantize its float original.")
@@ -236,12 +241,20 @@ def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int 
     if out.resolve() == path.resolve():
         raise LoadError("write the quantized head to another directory: the float original is what later training continues best from.")
     kind, head, weights, keep_float = float_head(path, cfg_json, raw)
-    load_into(head, weights, None, bits, keep_float)
+    load_into(head, weights, None, 16)
+    quantize_head(head, bits, keep_float, group_size)
+    left = [(name, m.weight.shape[-1]) for name, m in head.named_modules()
+            if type(m) in (nn.Linear, nn.Embedding) and m.weight.shape[0] > 1 and m.weight.shape[-1] % QUANT_GROUP == 0
+            and not any(part in name for part in keep_float)]
+    if left:  # a layer the default group quantizes, left float by this one: bigger, not smaller
+        name, width = left[0]
+        raise LoadError(f"groups of {group_size} weights do not divide the input width of {name} ({width}), which would stay "
+                        f"float ({len(left)} layer(s) in all); use a group size that divides the head's widths (32 or 64).")
     out.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(head.parameters())), metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps({**cfg_json, "quantization": {"group_size": QUANT_GROUP, "bits": bits}}, indent=2))
+    (out / "config.json").write_text(json.dumps({**cfg_json, "quantization": {"group_size": group_size, "bits": bits}}, indent=2))
     before, after = sum(f.stat().st_size for f in path.glob("*.safetensors")), (out / "model.safetensors").stat().st_size
     card = (path / "README.md").read_text() if (path / "README.md").exists() else f"# {kind} head from {path}\n"
     (out / "README.md").write_text(card.rstrip("\n") + f"\n\nStored quantized by `dspark-lab quantize-head`: {bits} bits, group size "
-                                   f"{QUANT_GROUP}, weights {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB.\n")
+                                   f"{group_size}, weights {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB.\n")
     return before, after
