@@ -176,10 +176,10 @@ def test_a_narrower_mlp_makes_a_smaller_head_that_loads_and_decodes_losslessly(t
     other = tmp_path / "other"
     other.mkdir()
     shutil.copy(trained / "data.jsonl", other / "data.jsonl")
-    width = cfg_width = json.loads((trained / "config.json").read_text())["intermediate_size"]
-    with pytest.raises(InputError, match=f"intermediate_size {cfg_width} \\(--init\\) vs 8 .*a wider --intermediate-size widens it"):
-        distill(config(tiny_dirs["qwen3"], other, steps=2, intermediate_size=8, init=str(trained)), progress=False, say=lambda m: None)
+    width = json.loads((trained / "config.json").read_text())["intermediate_size"]
     assert width > 16
+    with pytest.raises(InputError, match=f"intermediate_size {width} \\(--init\\) vs 8 .*a wider --intermediate-size widens it"):
+        distill(config(tiny_dirs["qwen3"], other, steps=2, intermediate_size=8, init=str(trained)), progress=False, say=lambda m: None)
 
 
 def test_init_widens_a_narrower_head_without_changing_what_it_computes(tiny_dirs, trained, tmp_path):
@@ -187,9 +187,11 @@ def test_init_widens_a_narrower_head_without_changing_what_it_computes(tiny_dirs
     kept, the new ones start with zero output weights, so the wider head's block loss equals the
     narrow head's before any step; the first steps then move the new units, and the head is saved
     at the new width, strict-loadable and lossless."""
+    import dataclasses
     import shutil
 
     from dspark_lab.engine.drafters.dspark import DSparkHead
+    from dspark_lab.engine.drafters.load import quantize_head_dir
     from dspark_lab.lab.distill import _init_from, block_loss
 
     narrow = tmp_path / "narrow"
@@ -200,10 +202,8 @@ def test_init_widens_a_narrower_head_without_changing_what_it_computes(tiny_dirs
     target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], narrow, drafter_bits=16)
     c = drafter.config
     mx.random.seed(5)
-    wide_c = __import__("dataclasses").replace(c, intermediate_size=48)
+    wide_c = dataclasses.replace(c, intermediate_size=48)
     wide = DSparkHead(wide_c, target.hidden_size)
-    from dspark_lab.engine.drafters.load import quantize_head_dir
-
     quantize_head_dir(narrow, tmp_path / "narrow-q4", bits=4)  # as a committed head is stored
     assert "widened from 16 to 48" in _init_from(DSparkHead(wide_c, target.hidden_size), wide_c, tmp_path / "narrow-q4")
     note = _init_from(wide, wide_c, narrow)

@@ -75,18 +75,20 @@ def check_names(head: nn.Module, weights: dict[str, mx.array]) -> None:
         raise LoadError("the drafter's tensors do not match its declared architecture (" + "; ".join(parts) + ").")
 
 
+def _quantizable(path: str, m: nn.Module, group_size: int, keep_float: tuple[str, ...]) -> bool:
+    """A Linear/Embedding whose input width the group size divides, not under a `keep_float` prefix."""
+    if any(part in path for part in keep_float):
+        return False
+    return isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.shape[-1] % group_size == 0 and m.weight.shape[0] > 1
+
+
 def quantize_head(head: nn.Module, bits: int, keep_float: tuple[str, ...] = (), group_size: int = QUANT_GROUP) -> None:
     """Quantize every Linear/Embedding whose input width the group size divides, except
     modules under the `keep_float` path prefixes."""
     if bits == 16:
         return
-
-    def eligible(path: str, m: nn.Module) -> bool:
-        if any(part in path for part in keep_float):
-            return False
-        return isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.shape[-1] % group_size == 0 and m.weight.shape[0] > 1
-
-    nn.quantize(head, group_size=group_size, bits=bits, class_predicate=eligible)
+    nn.quantize(head, group_size=group_size, bits=bits,
+                class_predicate=lambda path, m: _quantizable(path, m, group_size, keep_float))
 
 
 def stored_quantization(cfg_json: dict, names: set[str]) -> tuple[int, int] | None:
@@ -242,14 +244,13 @@ def quantize_head_dir(src: str | os.PathLike, dst: str | os.PathLike, bits: int 
         raise LoadError("write the quantized head to another directory: the float original is what later training continues best from.")
     kind, head, weights, keep_float = float_head(path, cfg_json, raw)
     load_into(head, weights, None, 16)
-    quantize_head(head, bits, keep_float, group_size)
     left = [(name, m.weight.shape[-1]) for name, m in head.named_modules()
-            if type(m) in (nn.Linear, nn.Embedding) and m.weight.shape[0] > 1 and m.weight.shape[-1] % QUANT_GROUP == 0
-            and not any(part in name for part in keep_float)]
+            if _quantizable(name, m, QUANT_GROUP, keep_float) and not _quantizable(name, m, group_size, keep_float)]
     if left:  # a layer the default group quantizes, left float by this one: bigger, not smaller
         name, width = left[0]
         raise LoadError(f"groups of {group_size} weights do not divide the input width of {name} ({width}), which would stay "
                         f"float ({len(left)} layer(s) in all); use a group size that divides the head's widths (32 or 64).")
+    quantize_head(head, bits, keep_float, group_size)
     out.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(head.parameters())), metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps({**cfg_json, "quantization": {"group_size": group_size, "bits": bits}}, indent=2))
