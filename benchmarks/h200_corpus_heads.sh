@@ -18,8 +18,9 @@
 # 30-minute session can train with MINUTES=20 in one run.
 # Settings (environment): MINUTES, LR, ARCH (the distill architecture and batch options),
 # INIT=DIR or RESUME=1, MIX (distill --mix: how often each prompt set's rows are drawn), CKPT (checkpoint every N steps: a crash keeps the last one), CACHE_GB
-# (cap MLX's buffer cache: needed when two runs share one GPU; two uncapped runs ran an H200 out
-# of memory), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
+# (cap MLX's buffer cache, which comes on top of what a run holds: needed when two runs share one
+# GPU; uncapped, one 1.5B run's cache took 138 of the H200's 141 GB and the second run died, and
+# at 48 each both did; at 4 each two 1.5B runs held 82 GB together: twenty-seventh round), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
 # nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TRAIN=0
 # (stop after the generation: a session that only writes rows to commit), QUANT (the head kept,
 # evaluated and timed is the one stored at QUANT bits: below), TIMING, GRID and SWEEP (below).
@@ -30,7 +31,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 case ${MINUTES:-8} in ''|*[!0-9]*) echo "MINUTES must be a whole number of minutes, got '${MINUTES:-}'"; exit 2 ;; esac
 name=$1
 # A suffix names another run of the same model (qwen15-wide): its own /tmp/NAME, log and
-# `h200_collect.sh NAME`, so two runs can share one GPU side by side (give each CACHE_GB).
+# `h200_collect.sh NAME`, so two runs can share one GPU side by side (give each CACHE_GB=4).
 case $name in
   smol|smol-*)     model=/root/ship/smollm2/smollm2-135m; arch="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 1024"; cap=4 ;;
   qwen05|qwen05-*) model=/root/ship/qwen05/qwen2.5-coder-0.5b-q4-bfloat16; arch="--block 8 --layers 2 --markov-rank 64 --seqs 8 --anchors 512"; cap=7 ;;

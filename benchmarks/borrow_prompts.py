@@ -1,0 +1,81 @@
+"""One prompt file of the requests other models' rounds wrote, less those this model answered already.
+
+    python benchmarks/borrow_prompts.py PROMPTS.jsonl.gz ... --model DIR --answered ROWS.jsonl.gz ... \
+        --out FILE.jsonl.gz [--seed 0]
+
+The 1.5B's head learns from 7,025 of its own answers, the 0.5B's from 38,261 (docs/performance.md,
+twenty-sixth round): most requests in the data were written by, and answered by, the 0.5B. Its
+prompt files (docs/results/self_instruct*_qwen05_*.jsonl.gz) are requests any model of the family
+can answer, so the 1.5B can answer them itself (GEN_PROMPTS in h200_corpus_heads.sh) without
+spending minutes writing new ones.
+
+- Each record keeps its fields; its id gets its file's name in front (`self_instruct13_qwen05_code/
+  selfcode-00001`), since every round numbered its requests from 1.
+- A request is dropped when a row in ANSWERED written by MODEL (its `model` field names MODEL's
+  folder) starts with the same prompt tokens: the chat-templated ids distill would feed, so a
+  request the model answered under another file's name is caught too.
+- The records are shuffled (SEED): a generation stopped by its clock answers the first records
+  only, and shuffled that is an even share of every file rather than the first files whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dspark_lab.engine.loading import load_tokenizer  # noqa: E402
+from dspark_lab.engine.text import encode_prompt  # noqa: E402
+from dspark_lab.lab.prompts import load_prompt_set  # noqa: E402
+from dspark_lab.lab.prompts.public import open_text  # noqa: E402
+from synthetic_prompts import write_prompt_file  # noqa: E402
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open_text(path) as f:  # plain or gzipped, as the prompt loader reads them
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def answered_prompts(rows: list[dict], model_name: str) -> set[tuple[int, ...]]:
+    """The prompt token ids of every row the named model wrote."""
+    return {tuple(r["ids"][: r["prompt_len"]]) for r in rows if r.get("model") == model_name and "prompt_len" in r}
+
+
+def borrow(files: list[Path], tokenizer, answered: set[tuple[int, ...]], seed: int, say=print) -> list[dict]:
+    kept: list[dict] = []
+    for path in files:
+        name = load_prompt_set(str(path)).name  # also checks the file is a prompt set
+        records = read_jsonl(path)
+        fresh = [r for r in records if tuple(encode_prompt(tokenizer, r["messages"])) not in answered]
+        kept += [{**r, "id": f"{name}/{r['id']}"} for r in fresh]
+        say(f"{name}: {len(fresh)} of {len(records)} requests not yet answered by this model")
+    random.Random(seed).shuffle(kept)
+    return kept
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("prompt_files", nargs="+", type=Path)
+    ap.add_argument("--model", type=Path, required=True, help="the model that will answer (its folder: tokenizer and name)")
+    ap.add_argument("--answered", type=Path, nargs="*", default=[], help="rows files (distill data or generated rows)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    if not (a.model / "config.json").is_file():
+        ap.error(f"--model {a.model} is not a model folder (no config.json); pass the folder distill loads, e.g. "
+                 "~/.cache/dspark-lab/models/qwen2.5-coder-1.5b-q4-bfloat16")
+    rows = [r for path in a.answered for r in read_jsonl(path)]
+    answered = answered_prompts(rows, a.model.name)
+    print(f"{len(answered)} prompts answered by {a.model.name} in {len(rows)} rows")
+    kept = borrow(a.prompt_files, load_tokenizer(a.model), answered, a.seed)
+    write_prompt_file(a.out, kept)
+    print(f"{len(kept)} requests -> {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""benchmarks/borrow_prompts.py: other rounds' request files merged into one for a model to answer
+itself: ids made unique by their file's name, requests this model already answered (its rows'
+prompt tokens) dropped, the rest shuffled, and the result loadable as a prompt set."""
+
+import gzip
+import json
+
+from dspark_lab.engine.loading import load_tokenizer
+from dspark_lab.engine.text import encode_prompt
+from dspark_lab.lab.prompts import load_prompt_set
+
+from scripts import load_script
+
+
+def _request(i, domain="code"):
+    return {"id": f"selfcode-{i:05d}", "domain": domain, "messages": [{"role": "user", "content": f"write function {i}"}]}
+
+
+def _write(path, records):
+    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode()))
+
+
+def test_requests_are_merged_with_unique_ids_less_those_the_model_answered(tiny_dirs, tmp_path):
+    model = tiny_dirs["qwen3"]
+    tok = load_tokenizer(model)
+    # Two rounds both numbered their requests from 1; the second repeats round one's request 2.
+    a, b = tmp_path / "self_instruct11_code.jsonl.gz", tmp_path / "self_instruct12_code.jsonl.gz"
+    _write(a, [_request(i) for i in range(1, 6)])
+    _write(b, [_request(i + 10) for i in range(1, 4)] + [{**_request(2), "id": "selfcode-00004"}])
+    answered_ids = encode_prompt(tok, _request(2)["messages"])
+    rows = [
+        # This model answered request 2 (under a set name neither file has): dropped from both files.
+        {"ids": answered_ids + [5, 6], "prompt_len": len(answered_ids), "set": "self_code13", "prompt_id": "x", "model": model.name},
+        # Another model answered request 3: it stays, this model has not answered it.
+        {"ids": encode_prompt(tok, _request(3)["messages"]) + [7], "prompt_len": len(answered_ids), "set": "s",
+         "prompt_id": "y", "model": "some-other-model"},
+    ]
+    answered = tmp_path / "rows.jsonl"
+    answered.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "borrowed.jsonl.gz"
+    borrow = load_script("borrow_prompts")
+    borrow.main([str(a), str(b), "--model", str(model), "--answered", str(answered), "--out", str(out), "--seed", "1"])
+
+    merged = [json.loads(line) for line in gzip.open(out, "rt")]
+    ids = [r["id"] for r in merged]
+    expected = {f"self_instruct11_code/selfcode-{i:05d}" for i in (1, 3, 4, 5)} | \
+               {f"self_instruct12_code/selfcode-{i:05d}" for i in (11, 12, 13)}
+    assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids))
+    assert ids != sorted(ids)  # shuffled, not file after file
+    by_id = {r["id"]: r for r in merged}
+    assert by_id["self_instruct12_code/selfcode-00011"]["messages"] == _request(11)["messages"]  # fields kept
+    # Same seed, same order: a session can rebuild the file it shipped.
+    again = tmp_path / "again.jsonl.gz"
+    borrow.main([str(a), str(b), "--model", str(model), "--answered", str(answered), "--out", str(again), "--seed", "1"])
+    assert [json.loads(line)["id"] for line in gzip.open(again, "rt")] == ids
+    assert len(load_prompt_set(str(out)).prompts) == 7
+
+
+def test_a_model_argument_that_is_not_a_model_folder_is_refused(tmp_path, capsys):
+    borrow = load_script("borrow_prompts")
+    f = tmp_path / "p.jsonl.gz"
+    _write(f, [_request(1)])
+    try:
+        borrow.main([str(f), "--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o.jsonl.gz")])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("a missing model folder was accepted")
+    assert "not a model folder" in capsys.readouterr().err
