@@ -39,6 +39,19 @@ case $name in
   *) echo "unknown head $name (smol, qwen05, qwen15, or one of them with a suffix: qwen15-wide)"; exit 2 ;;
 esac
 arch=${ARCH:-$arch}  # e.g. ARCH="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 2048"
+# A second run on a GPU where another is still going needs both capped (CACHE_GB=4): uncapped, the
+# first one's buffer cache takes the GPU's memory and this one dies at its start, minutes of a
+# session later (twenty-seventh round). Refused here, in the calling shell, before anything starts.
+if [ "${CACHE_GB:-0}" = 0 ]; then
+  for pidfile in "${RUNS_ROOT:-/tmp}"/*/.pid; do
+    other=$(dirname "$pidfile")
+    [ -f "$pidfile" ] && [ "$other" != "${RUN_DIR:-/tmp/$name}" ] && [ ! -f "$other/.run_done" ] || continue
+    if kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+      echo "another run is going on this GPU ($other, pid $(cat "$pidfile")): two runs need CACHE_GB=4 each (uncapped, one takes the GPU's memory as cache); start both with it, or wait for that one"
+      exit 2
+    fi
+  done
+fi
 # DETACH=1: start this run detached from the calling shell (setsid nohup, output in LOG, default
 # /tmp/NAME.out), print its first lines after SETTLE seconds (default 15) and return, so it
 # outlives the device call. Start it this way, with no `&` of your own: in the twenty-third round

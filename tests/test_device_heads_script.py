@@ -39,7 +39,7 @@ def run_script(tmp_path, name="qwen05", **env):
     (run / ".run_done").touch()
     (run / ".collect").mkdir()  # (and its half-returned snapshot)
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "RUN_DIR": str(run),
-            "DATA": str(data), "TIMING": "none", **env}
+            "DATA": str(data), "TIMING": "none", "RUNS_ROOT": str(tmp_path / "runs"), **env}
     out = subprocess.run(["bash", str(SCRIPT), name], env=full, capture_output=True, text=True, check=True,
                          cwd=SCRIPT.parents[1]).stdout
     return out, calls.read_text().splitlines(), run
@@ -206,3 +206,36 @@ def test_detach_refuses_a_shell_without_mlx(tmp_path):
                        "DETACH": "1", "RUN_DIR": str(tmp_path / "run")}, capture_output=True, text=True)
     assert r.returncode == 2 and "source /root/ship/mlx/activate first" in r.stdout
     assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_a_second_uncapped_run_beside_a_live_one_is_refused_before_anything_runs(tmp_path):
+    runs = tmp_path / "runs"
+    other = runs / "qwen15"
+    other.mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "60"])  # the other run, still going
+    try:
+        (other / ".pid").write_text(f"{sleeper.pid}\n")
+        with pytest.raises(subprocess.CalledProcessError) as e:
+            run_script(tmp_path, name="qwen15-wide", GEN_PROMPTS="/x/a.jsonl.gz")
+        assert e.value.returncode == 2 and "two runs need CACHE_GB=4 each" in e.value.stdout and str(other) in e.value.stdout
+        assert not (tmp_path / "calls.txt").exists()
+        # Capped, it starts (the other run must have been started capped too: the message says so).
+        for d in ("bin", "run"):
+            subprocess.run(["rm", "-rf", str(tmp_path / d)], check=True)
+        out, calls, _ = run_script(tmp_path, name="qwen15-wide", GEN_PROMPTS="/x/a.jsonl.gz", CACHE_GB="4")
+        assert calls
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_finished_or_dead_run_does_not_block_the_next(tmp_path):
+    runs = tmp_path / "runs"
+    done, dead = runs / "qwen05", runs / "smol"
+    done.mkdir(parents=True)
+    dead.mkdir()
+    (done / ".pid").write_text(f"{os.getpid()}\n")  # alive, but its run is over
+    (done / ".run_done").touch()
+    (dead / ".pid").write_text("999999999\n")  # no such process: a run that crashed
+    out, calls, _ = run_script(tmp_path, GEN_PROMPTS="/x/a.jsonl.gz")
+    assert calls
