@@ -9,7 +9,7 @@ prompt files (docs/results/self_instruct*_qwen05_*.jsonl.gz) are requests any mo
 can answer, so the 1.5B can answer them itself (GEN_PROMPTS in h200_corpus_heads.sh) without
 spending minutes writing new ones.
 
-- Each record keeps its fields; its id gets its file's name in front (`self_instruct13_qwen05_code/
+- Each record keeps its fields (a prompt file's: messages or text, domain, reference); its id gets its file's name in front (`self_instruct13_qwen05_code/
   selfcode-00001`), since every round numbered its requests from 1.
 - A request is dropped when a row in ANSWERED written by MODEL (its `model` field names MODEL's
   folder) starts with the same prompt tokens: the chat-templated ids distill would feed, so a
@@ -36,11 +36,6 @@ from dspark_lab.lab.prompts.public import open_text  # noqa: E402
 from synthetic_prompts import write_prompt_file  # noqa: E402
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    with open_text(path) as f:  # plain or gzipped, as the prompt loader reads them
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def answered_prompts(rows: list[dict], model_name: str) -> set[tuple[int, ...]]:
     """The prompt token ids of every row the named model wrote."""
     return {tuple(r["ids"][: r["prompt_len"]]) for r in rows if r.get("model") == model_name and "prompt_len" in r}
@@ -49,11 +44,11 @@ def answered_prompts(rows: list[dict], model_name: str) -> set[tuple[int, ...]]:
 def borrow(files: list[Path], tokenizer, answered: set[tuple[int, ...]], seed: int, say=print) -> list[dict]:
     kept: list[dict] = []
     for path in files:
-        name = load_prompt_set(str(path)).name  # also checks the file is a prompt set
-        records = read_jsonl(path)
-        fresh = [r for r in records if tuple(encode_prompt(tokenizer, r["messages"])) not in answered]
-        kept += [{**r, "id": f"{name}/{r['id']}"} for r in fresh]
-        say(f"{name}: {len(fresh)} of {len(records)} requests not yet answered by this model")
+        prompt_set = load_prompt_set(str(path))  # validated; chat messages or plain text alike
+        # The ids distill feeds the model for this prompt (distill.py encodes p.as_input() the same way).
+        fresh = [p for p in prompt_set.prompts if tuple(encode_prompt(tokenizer, p.as_input())) not in answered]
+        kept += [{**p.to_dict(), "id": f"{prompt_set.name}/{p.id}"} for p in fresh]
+        say(f"{prompt_set.name}: {len(fresh)} of {len(prompt_set.prompts)} requests not yet answered by this model")
     random.Random(seed).shuffle(kept)
     return kept
 
@@ -69,7 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     if not (a.model / "config.json").is_file():
         ap.error(f"--model {a.model} is not a model folder (no config.json); pass the folder distill loads, e.g. "
                  "~/.cache/dspark-lab/models/qwen2.5-coder-1.5b-q4-bfloat16")
-    rows = [r for path in a.answered for r in read_jsonl(path)]
+    rows: list[dict] = []
+    for path in a.answered:
+        with open_text(path) as f:  # plain or gzipped JSONL
+            rows += [json.loads(line) for line in f if line.strip()]
     answered = answered_prompts(rows, a.model.name)
     print(f"{len(answered)} prompts answered by {a.model.name} in {len(rows)} rows")
     kept = borrow(a.prompt_files, load_tokenizer(a.model), answered, a.seed)

@@ -27,6 +27,8 @@ def test_requests_are_merged_with_unique_ids_less_those_the_model_answered(tiny_
     a, b = tmp_path / "self_instruct11_code.jsonl.gz", tmp_path / "self_instruct12_code.jsonl.gz"
     _write(a, [_request(i) for i in range(1, 6)])
     _write(b, [_request(i + 10) for i in range(1, 4)] + [{**_request(2), "id": "selfcode-00004"}])
+    chat = tmp_path / "sg_chat16.jsonl.gz"  # plain-text prompts (ShareGPT first turns) too
+    _write(chat, [{"id": "QWJh_0", "domain": "chat", "text": "summarize a book"}])
     answered_ids = encode_prompt(tok, _request(2)["messages"])
     rows = [
         # This model answered request 2 (under a set name neither file has): dropped from both files.
@@ -39,21 +41,22 @@ def test_requests_are_merged_with_unique_ids_less_those_the_model_answered(tiny_
     answered.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "borrowed.jsonl.gz"
     borrow = load_script("borrow_prompts")
-    borrow.main([str(a), str(b), "--model", str(model), "--answered", str(answered), "--out", str(out), "--seed", "1"])
+    borrow.main([str(a), str(b), str(chat), "--model", str(model), "--answered", str(answered), "--out", str(out), "--seed", "1"])
 
     merged = [json.loads(line) for line in gzip.open(out, "rt")]
     ids = [r["id"] for r in merged]
     expected = {f"self_instruct11_code/selfcode-{i:05d}" for i in (1, 3, 4, 5)} | \
-               {f"self_instruct12_code/selfcode-{i:05d}" for i in (11, 12, 13)}
+               {f"self_instruct12_code/selfcode-{i:05d}" for i in (11, 12, 13)} | {"sg_chat16/QWJh_0"}
     assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids))
     assert ids != sorted(ids)  # shuffled, not file after file
     by_id = {r["id"]: r for r in merged}
     assert by_id["self_instruct12_code/selfcode-00011"]["messages"] == _request(11)["messages"]  # fields kept
+    assert by_id["sg_chat16/QWJh_0"] == {"id": "sg_chat16/QWJh_0", "domain": "chat", "text": "summarize a book"}
     # Same seed, same order: a session can rebuild the file it shipped.
     again = tmp_path / "again.jsonl.gz"
-    borrow.main([str(a), str(b), "--model", str(model), "--answered", str(answered), "--out", str(again), "--seed", "1"])
+    borrow.main([str(a), str(b), str(chat), "--model", str(model), "--answered", str(answered), "--out", str(again), "--seed", "1"])
     assert [json.loads(line)["id"] for line in gzip.open(again, "rt")] == ids
-    assert len(load_prompt_set(str(out)).prompts) == 7
+    assert len(load_prompt_set(str(out)).prompts) == 8
 
 
 def test_a_model_argument_that_is_not_a_model_folder_is_refused(tmp_path, capsys):
