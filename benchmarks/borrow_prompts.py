@@ -9,8 +9,9 @@ prompt files (docs/results/self_instruct*_qwen05_*.jsonl.gz) are requests any mo
 can answer, so the 1.5B can answer them itself (GEN_PROMPTS in h200_corpus_heads.sh) without
 spending minutes writing new ones.
 
-- Each record keeps its fields (a prompt file's: messages or text, domain, reference); its id gets its file's name in front (`self_instruct13_qwen05_code/
-  selfcode-00001`), since every round numbered its requests from 1.
+- Each record keeps its fields (a prompt file's: messages or text, domain, reference); its id
+  gets its file's name in front (`self_instruct13_qwen05_code/selfcode-00001`), since every
+  round numbered its requests from 1.
 - A request is dropped when a row in ANSWERED written by MODEL (its `model` field names MODEL's
   folder) starts with the same prompt tokens: the chat-templated ids distill would feed, so a
   request the model answered under another file's name is caught too.

@@ -20,8 +20,9 @@
 # INIT=DIR or RESUME=1, MIX (distill --mix: how often each prompt set's rows are drawn), CKPT (checkpoint every N steps: a crash keeps the last one), CACHE_GB
 # (cap MLX's buffer cache, which comes on top of what a run holds: needed when two runs share one
 # GPU; uncapped, one 1.5B run's cache took 138 of the H200's 141 GB and the second run died, and
-# at 48 each both did; at 4 each two 1.5B runs held 82 GB together: twenty-seventh round), PROMPTS (only the held-out evaluation during training: --tokens 0 generates
-# nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TRAIN=0
+# at 48 each both did; at 4 each two 1.5B runs held 82 GB together, under the 60 GB memory limit
+# each also had: twenty-seventh round), PROMPTS (only the held-out evaluation during training:
+# --tokens 0 generates nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TRAIN=0
 # (stop after the generation: a session that only writes rows to commit), QUANT (the head kept,
 # evaluated and timed is the one stored at QUANT bits: below), TIMING, GRID and SWEEP (below).
 set -u
