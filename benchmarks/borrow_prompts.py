@@ -22,7 +22,6 @@ spending minutes writing new ones.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -33,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dspark_lab.engine.loading import load_tokenizer  # noqa: E402
 from dspark_lab.engine.text import encode_prompt  # noqa: E402
 from dspark_lab.lab.prompts import load_prompt_set  # noqa: E402
-from dspark_lab.lab.prompts.public import open_text  # noqa: E402
 from synthetic_prompts import write_prompt_file  # noqa: E402
+from unanswered_prompts import read_jsonl  # noqa: E402
 
 
 def answered_prompts(rows: list[dict], model_name: str) -> set[tuple[int, ...]]:
@@ -65,10 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     if not (a.model / "config.json").is_file():
         ap.error(f"--model {a.model} is not a model folder (no config.json); pass the folder distill loads, e.g. "
                  "~/.cache/dspark-lab/models/qwen2.5-coder-1.5b-q4-bfloat16")
-    rows: list[dict] = []
-    for path in a.answered:
-        with open_text(path) as f:  # plain or gzipped JSONL
-            rows += [json.loads(line) for line in f if line.strip()]
+    rows = [row for path in a.answered for row in read_jsonl(path)]
     answered = answered_prompts(rows, a.model.name)
     print(f"{len(answered)} prompts answered by {a.model.name} in {len(rows)} rows")
     kept = borrow(a.prompt_files, load_tokenizer(a.model), answered, a.seed)

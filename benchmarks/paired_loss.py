@@ -18,29 +18,28 @@ lines (evaluations) are skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dspark_lab.lab.prompts.public import open_text  # noqa: E402
+from unanswered_prompts import read_jsonl  # noqa: E402
 
 
 def read_losses(path: Path) -> dict[int, float]:
     """step -> loss, from a distill train log (a resumed run's later line for a step wins)."""
-    with open_text(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r and "step" in r}
+    return {r["step"]: r["loss"] for r in read_jsonl(path) if "loss" in r and "step" in r}
 
 
 def paired_windows(a: dict[int, float], b: dict[int, float], window: int) -> list[dict]:
     """Per window of steps both runs logged: each run's mean loss and the mean of b - a, with its standard error."""
-    steps = sorted(set(a) & set(b))
+    by_window: dict[int, list[int]] = {}
+    for s in sorted(set(a) & set(b)):  # steps count from 1: window w holds steps w*window+1 .. (w+1)*window
+        by_window.setdefault((s - 1) // window, []).append(s)
     out = []
-    for start in range(0, steps[-1] if steps else 0, window):
-        here = [s for s in steps if start < s <= start + window]
+    for here in by_window.values():
         if len(here) < 2:
             continue
         diffs = [b[s] - a[s] for s in here]

@@ -5,6 +5,8 @@ prompt tokens) dropped, the rest shuffled, and the result loadable as a prompt s
 import gzip
 import json
 
+import pytest
+
 from dspark_lab.engine.loading import load_tokenizer
 from dspark_lab.engine.text import encode_prompt
 from dspark_lab.lab.prompts import load_prompt_set
@@ -63,10 +65,7 @@ def test_a_model_argument_that_is_not_a_model_folder_is_refused(tmp_path, capsys
     borrow = load_script("borrow_prompts")
     f = tmp_path / "p.jsonl.gz"
     _write(f, [_request(1)])
-    try:
+    with pytest.raises(SystemExit) as e:  # a missing model folder is refused
         borrow.main([str(f), "--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o.jsonl.gz")])
-    except SystemExit as e:
-        assert e.code == 2
-    else:
-        raise AssertionError("a missing model folder was accepted")
+    assert e.value.code == 2
     assert "not a model folder" in capsys.readouterr().err

@@ -4,6 +4,7 @@ mistake here costs a whole device session to find)."""
 
 import gzip
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -221,7 +222,7 @@ def test_a_second_uncapped_run_beside_a_live_one_is_refused_before_anything_runs
         assert not (tmp_path / "calls.txt").exists()
         # Capped, it starts (the other run must have been started capped too: the message says so).
         for d in ("bin", "run"):
-            subprocess.run(["rm", "-rf", str(tmp_path / d)], check=True)
+            shutil.rmtree(tmp_path / d)
         out, calls, _ = run_script(tmp_path, name="qwen15-wide", GEN_PROMPTS="/x/a.jsonl.gz", CACHE_GB="4")
         assert calls
     finally:
