@@ -34,10 +34,14 @@
 #   source /root/ship/mlx/activate && WAIT=560 HEAD=q4 bash benchmarks/h200_collect.sh NAME
 # A machine is given back 30 s after a call ends: make the next poll the moment one returns
 # (the eighteenth round lost its machine to work done on this side between two polls).
+# UNTIL=end waits past distill's end for the whole run's (.run_done: the head stored and evaluated),
+# so a run planned to end inside a poll comes back whole in that poll, with no gap after distill's
+# end in which the machine can go (the twenty-eighth round lost its run in such a gap).
 set -u
 run=/tmp/$1
 out=${OUT:?run this on the device, where OUT is set}
 case ${WAIT:-0} in ''|*[!0-9]*) echo "WAIT must be a whole number of seconds, got '${WAIT:-}'"; exit 2 ;; esac
+case ${UNTIL:-stage} in stage|end) ;; *) echo "UNTIL must be 'stage' (the default: distill's end or the run's) or 'end' (the run's alone), got '${UNTIL}'"; exit 2 ;; esac
 # No run directory: this is a fresh machine. The one the run started on was given back (in the
 # twenty-third round between two polls), and the run went with it. Say so at once: a poll that
 # waited WAIT seconds for marks that can never come spent 540 s of that session's device time.
@@ -52,7 +56,8 @@ fi
 run_alive() { local pid; pid=$(cat "$run/.pid" 2>/dev/null) || return 0; kill -0 "$pid" 2>/dev/null; }
 if [ "${WAIT:-0}" -gt 0 ]; then
   began=$(mktemp); waited=0; why=
-  until [ "$run/.distill_done" -nt "$began" ] || [ "$run/.run_done" -nt "$began" ] || [ "$waited" -ge "$WAIT" ]; do
+  stage=$run/.distill_done; [ "${UNTIL:-stage}" = end ] && stage=$run/.run_done
+  until [ "$stage" -nt "$began" ] || [ "$run/.run_done" -nt "$began" ] || [ "$waited" -ge "$WAIT" ]; do
     if ! run_alive; then  # a run that ends well writes .run_done first
       if [ "$run/.run_done" -nt "$began" ]; then break
       elif [ -f "$run/.run_done" ]; then why=": the run had finished before this call"
@@ -62,7 +67,9 @@ if [ "${WAIT:-0}" -gt 0 ]; then
     sleep 1; waited=$((waited + 1))
   done
   rm -f "$began"
-  [ -z "$why" ] && [ "$waited" -lt "$WAIT" ] && why=": the run reached its next stage"
+  if [ -z "$why" ] && [ "$waited" -lt "$WAIT" ]; then
+    if [ "$run/.run_done" -nt "$began" ]; then why=": the run has ended"; else why=": the run reached its next stage"; fi
+  fi
   echo "waited ${waited} s of ${WAIT}$why"
 fi
 src=$run${HEAD:+/$HEAD}  # the head directory whose config and weights come back

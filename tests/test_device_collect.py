@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -346,8 +347,36 @@ def test_wait_ends_when_the_run_reaches_its_next_stage_not_on_an_earlier_mark(ru
     # Without the early end this call would wait 300 s, and the timeout fails the test.
     said = subprocess.run(["bash", str(SCRIPT), name], env={**os.environ, "OUT": str(out), "WAIT": "300"},
                           capture_output=True, text=True, check=True, timeout=120).stdout
-    assert "the run reached its next stage" in said and time.monotonic() - started >= 1.5
+    assert "the run has ended" in said and time.monotonic() - started >= 1.5
     assert (out / "results.tar.gz").exists()  # and then it collects as always
+
+
+def test_until_end_waits_past_distills_end_for_the_runs(run_dir, tmp_path):
+    # The twenty-eighth round lost its run in the gap after a poll: UNTIL=end lets a run planned to
+    # end inside one poll come back whole (head stored, evaluated) in that poll.
+    name, run = run_dir
+    (run / ".pid").write_text(f"{os.getpid()}\n")  # alive throughout
+    for until, want in (("stage", "the run reached its next stage"), ("end", "the run has ended")):
+        for mark in (".distill_done", ".run_done"):
+            (run / mark).unlink(missing_ok=True)
+        distill_ends = threading.Timer(1.0, lambda: (run / ".distill_done").touch())
+        run_ends = threading.Timer(6.0, lambda: (run / ".run_done").touch())
+        distill_ends.start(), run_ends.start()
+        out = tmp_path / until
+        out.mkdir()
+        said = subprocess.run(["bash", str(SCRIPT), name], env={**os.environ, "OUT": str(out), "WAIT": "300", "UNTIL": until},
+                              capture_output=True, text=True, check=True, timeout=120).stdout
+        run_ends.join()  # before the next case clears the marks
+        waited = int(re.search(r"waited (\d+) s of 300", said).group(1))
+        assert want in said, (until, said)
+        assert (waited < 5) if until == "stage" else (waited >= 3), (until, said)  # stage: not the run's end
+
+
+def test_until_refuses_a_word_it_does_not_know(run_dir, tmp_path):
+    name, _ = run_dir
+    result = subprocess.run(["bash", str(SCRIPT), name], env={**os.environ, "OUT": str(tmp_path), "UNTIL": "done"},
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "UNTIL must be 'stage'" in result.stdout and "got 'done'" in result.stdout
 
 
 def test_wait_collects_after_its_seconds_when_nothing_happens(run_dir, tmp_path):
