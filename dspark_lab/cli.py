@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import DsparkError, SlowDtypeWarning
+from .errors import AdviceWarning, DsparkError
 
 app = typer.Typer(
     name="dspark-lab",
@@ -38,8 +38,8 @@ out = Console(width=_WIDTH)
 
 
 def _note_or_warn(message, category, filename, lineno, file=None, line=None, _show=warnings.showwarning):
-    """The engine's advice (a SlowDtypeWarning) as one `note:` line; other warnings as Python shows them."""
-    if issubclass(category, SlowDtypeWarning):
+    """The engine's advice (an AdviceWarning) as one `note:` line; other warnings as Python shows them."""
+    if issubclass(category, AdviceWarning):
         err.print(f"[yellow]note:[/] {message}", highlight=False, markup=True, soft_wrap=True)
     else:
         _show(message, category, filename, lineno, file, line)

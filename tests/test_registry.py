@@ -349,3 +349,75 @@ def test_registry_show_without_a_file_shows_the_shipped_registry():
     assert "the shipped registry" in r.output and "registry.json" in r.output
     rows = [line for line in registry_markdown(load_registry(shipped)).splitlines() if line.startswith("| ")]
     assert rows and all(row in r.output for row in rows)
+
+
+def _store_head_trials(engine, model, head, digests):
+    """Six lossless dspark trials of `head` at cap 3 beside their baselines, the i-th pair of
+    trials (one per prompt index) stamped with digests[i % len(digests)]."""
+    with Session(engine) as s:
+        s.add(Run(id="r1", status="finished", dspark_lab_version="0.1.0", device_key="k", machine=METAL,
+                  device_stamp=json.dumps({"mlx_version": "0.32.4"}), config="{}"))
+        for n, p in enumerate(PROMPTS):
+            for i in range(2):
+                s.add(trial("r1", str(model), "baseline", "0", p, i, 100.0))
+                t = trial("r1", str(model), "dspark", "3", p, i, 180.0, drafter=str(head))
+                t.drafter_digest = digests[n % len(digests)]
+                s.add(t)
+        s.commit()
+
+
+def _retrain(head):
+    """The same head stored again with other weights, as a training session leaves it."""
+    import mlx.core as mx
+
+    path = head / "model.safetensors"
+    weights, meta = mx.load(str(path), return_metadata=True)
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1
+    mx.save_safetensors(str(path), weights, metadata=meta)
+
+
+def test_the_registry_names_the_measured_weights_and_load_pair_notices_new_ones(tmp_path):
+    """A head continued and stored again at the same path (fixtures/NAME after each training
+    session) is another head: the entry records which weights were measured, and load_pair warns
+    when the folder holds others, without refusing to run them."""
+    import warnings
+
+    from dspark_lab.engine.loading import weights_digest
+    from dspark_lab.errors import MeasuredVersionWarning
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tinytarget", "qwen3")
+    head = build_tiny_dspark(tmp_path / "tinyhead", model, block_size=4)
+    measured = weights_digest(head)
+    assert measured and len(measured) == 16 and weights_digest(head) == measured  # stable
+    engine = open_db(tmp_path / "db.duckdb")
+    _store_head_trials(engine, model, head, [measured])
+    reg = build_registry(engine)
+    assert [p["drafter_digest"] for p in reg["pairs"]] == [measured]
+    path = write_registry(reg, tmp_path / "registry.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MeasuredVersionWarning)
+        _, _, _, cfg = load_pair(str(model), registry=path)  # the measured weights: no warning
+    assert cfg.evidence["drafter_digest"] == measured
+
+    _retrain(head)
+    now = weights_digest(head)
+    assert now != measured
+    with pytest.warns(MeasuredVersionWarning, match=f"weights digest {measured}; this folder's: {now}.*dspark-lab sweep"):
+        _, _, drafter, cfg = load_pair(str(model), registry=path)
+    assert cfg.source == "registry" and drafter.config.max_drafts >= 3  # it still runs
+
+
+def test_an_arm_pooling_two_versions_of_a_head_is_refused(tmp_path):
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tinytarget", "qwen3")
+    head = build_tiny_dspark(tmp_path / "tinyhead", model, block_size=4)
+    engine = open_db(tmp_path / "db.duckdb")
+    _store_head_trials(engine, model, head, ["aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"])
+    reg = build_registry(engine)
+    assert reg["pairs"] == []
+    (refused,) = [r for r in reg["refused"] if r["mode"] == "dspark"]
+    assert "2 versions of the drafter" in refused["reason"] and "aaaaaaaaaaaaaaaa, bbbbbbbbbbbbbbbb" in refused["reason"]
+    assert "--run" in refused["reason"]

@@ -63,6 +63,37 @@ def test_sweep_stores_every_trial(tiny_dirs, head, tmp_path):
     assert stamp["mlx_version"] and rows(db, "select count(*) from calibration")[0][0] >= 2  # auto calibrated both modes
     types = dict(rows(db, "select column_name, data_type from information_schema.columns where table_name = 'trials'"))
     assert types["decode_tokens_per_sec"] == "DOUBLE"
+    # Every head trial names the version of the head's weights it ran; arms without one, none.
+    from dspark_lab.engine.loading import weights_digest
+
+    digests = dict(rows(db, "select mode, list(distinct coalesce(drafter_digest, '-')) from trials group by mode"))
+    assert digests == {"baseline": ["-"], "lookup": ["-"], "dspark": [weights_digest(head)]}
+
+
+def test_a_resumed_run_refuses_a_head_changed_since(tiny_dirs, head, tmp_path):
+    """A head continued and stored again at its path between a run and its resume would pool two
+    heads' trials as one arm: the resume refuses, names both digests, and keeps every trial."""
+    import shutil
+
+    import mlx.core as mx
+
+    from dspark_lab.engine.loading import weights_digest
+
+    mine = shutil.copytree(head, tmp_path / "head")
+    db = tmp_path / "c.duckdb"
+    cfg = small_config(tiny_dirs["qwen3"], mine, modes=["baseline", "dspark"], caps=["2"], trials=1, prompt_sets=["code"])
+    rid = run_sweep(cfg, db, progress=False)
+    before = weights_digest(mine)
+    stored = rows(db, "select count(*) from trials")[0][0]
+    weights, meta = mx.load(str(mine / "model.safetensors"), return_metadata=True)
+    first = sorted(weights)[0]
+    weights[first] = weights[first] + 1
+    mx.save_safetensors(str(mine / "model.safetensors"), weights, metadata=meta)
+    with pytest.raises(DsparkError, match=f"holds other weights than run {rid} measured \\(weights digest {before} then, "
+                                          f"{weights_digest(mine)} now\\).*start a new run"):
+        run_sweep(cfg, db, resume=rid, progress=False)
+    assert rows(db, "select count(*) from trials")[0][0] == stored
+    assert rows(db, "select status from runs")[0][0] == "finished"  # the refused resume changed nothing
 
 
 def test_the_pipelined_loop_is_an_arm_of_its_own(tiny_dirs, head, tmp_path):
@@ -140,8 +171,8 @@ def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
     engine.dispose()
 
 
-def test_a_version_1_database_gains_the_tie_columns(tmp_path):
-    """Databases written before schema 2 are migrated in place; their old trials stay unknown (NULL)."""
+def test_a_version_1_database_gains_the_tie_and_digest_columns(tmp_path):
+    """Databases written before schemas 2 and 3 are migrated in place; their old trials stay unknown (NULL)."""
     from sqlalchemy import text
 
     db = tmp_path / "old.duckdb"
@@ -152,6 +183,7 @@ def test_a_version_1_database_gains_the_tie_columns(tmp_path):
             conn.execute(text(f"DROP INDEX {name}"))
         conn.execute(text("ALTER TABLE trials DROP COLUMN mismatch_gap"))
         conn.execute(text("ALTER TABLE trials DROP COLUMN mismatch_tie"))
+        conn.execute(text("ALTER TABLE trials DROP COLUMN drafter_digest"))
         for _, sql in indexes:
             conn.execute(text(sql))
         conn.execute(text("DELETE FROM schema_info"))
@@ -159,7 +191,7 @@ def test_a_version_1_database_gains_the_tie_columns(tmp_path):
     engine.dispose()
     open_db(db).dispose()
     cols = {c for (c,) in rows(db, "select column_name from information_schema.columns where table_name = 'trials'")}
-    assert {"mismatch_gap", "mismatch_tie"} <= cols
+    assert {"mismatch_gap", "mismatch_tie", "drafter_digest"} <= cols
     assert rows(db, "select max(version) from schema_info")[0][0] == SCHEMA_VERSION
 
 
@@ -217,7 +249,7 @@ def test_export_ingest_round_trip(tiny_dirs, head, tmp_path):
     path = export_run(engine, rid, tmp_path / "result.json")
     engine.dispose()
     doc = json.loads(path.read_text())
-    assert doc["format"] == "dspark-lab-result" and doc["schema_version"] == SCHEMA_VERSION == 2 and doc["run"]["device_stamp"]
+    assert doc["format"] == "dspark-lab-result" and doc["schema_version"] == SCHEMA_VERSION == 3 and doc["run"]["device_stamp"]
     other = open_db(tmp_path / "b.duckdb")
     assert "ingested run" in ingest(other, [path])[0][1]
     assert "already in the database" in ingest(other, [path])[0][1]

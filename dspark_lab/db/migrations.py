@@ -13,4 +13,11 @@ def _v1_to_v2(engine: Engine) -> None:
         conn.execute(text("ALTER TABLE trials ADD COLUMN mismatch_tie BOOLEAN"))
 
 
-MIGRATIONS: dict = {1: _v1_to_v2}
+def _v2_to_v3(engine: Engine) -> None:
+    """Trials learn which version of the drafter's weights ran (drafter_digest). Trials stored
+    before stay NULL: unknown."""
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE trials ADD COLUMN drafter_digest VARCHAR"))
+
+
+MIGRATIONS: dict = {1: _v1_to_v2, 2: _v2_to_v3}

@@ -178,7 +178,7 @@ SUMMARY_SCHEMA = {
     "ci_lo": pl.Float64, "ci_hi": pl.Float64, "mean_accept_len": pl.Float64,
     "per_position_acceptance": pl.List(pl.Float64), "lossless_trials": pl.Int64, "not_lossless_trials": pl.Int64,
     "tie_trials": pl.Int64, "unchecked_trials": pl.Int64, "run_ids": pl.List(pl.String), "device_keys": pl.List(pl.String),
-    "limit_share": pl.Float64,
+    "limit_share": pl.Float64, "drafter_digests": pl.List(pl.String),
 }
 
 
@@ -210,7 +210,8 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
       tie_trials: those of the not-lossless ones whose first difference is a numerical tie (a logit
       gap the target's own forwards of other widths move as far: lab/lossless.py; unknown for
       trials stored before schema 2);
-    - run_ids, device_keys: where the numbers come from;
+    - run_ids, device_keys: where the numbers come from; drafter_digests: which versions of the
+      drafter's weights ran (engine/loading.weights_digest; empty where unknown);
     - limit_share: median over the arm's trials of decode tok/s over that trial's bandwidth limit
       (limit_tok_s: the plain-decoding bound; speculative arms may pass it); null for runs that
       recorded no bandwidth.
@@ -285,6 +286,9 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
             "run_ids": sorted(set(g["run_id"].to_list())),
             "device_keys": sorted({k for k in g["device_key"].to_list() if k is not None}),
             "limit_share": _median_share(g),
+            # The versions of the drafter's weights behind the arm: more than one is two heads
+            # stored at one path, pooled (the registry refuses such an arm).
+            "drafter_digests": sorted({d for d in g["drafter_digest"].to_list() if d is not None}),
         })
     out = pl.DataFrame(rows, schema=SUMMARY_SCHEMA)
     order = sorted(range(out.height), key=lambda i: (

@@ -8,6 +8,7 @@ message says what is wrong and how to fix it, instead of a traceback from deep i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import warnings
@@ -63,6 +64,29 @@ def resolve_model_path(ref: str | os.PathLike, *, what: str = "model") -> Path:
         raise LoadError(f"{what} repo {ref!r} does not exist on the Hugging Face hub (or is private: log in with `hf auth login`).") from e
     except HfHubHTTPError as e:
         raise LoadError(f"could not download {what} {ref!r}: {e}") from e
+
+
+def weights_digest(ref: str | os.PathLike | None) -> str | None:
+    """A short fingerprint of the weights a folder holds (config.json and every *.safetensors file,
+    in name order): which version of a head or model was measured. A head continued and stored
+    again at the same path (fixtures/NAME after each training session) gets a new digest, so a
+    trial, a registry entry and a resumed sweep can tell the versions apart. None for what is not
+    a local folder (a hub id: its snapshot is already pinned by its revision)."""
+    if ref is None:
+        return None
+    folder = Path(ref).expanduser()
+    if not folder.is_dir():
+        return None
+    files = sorted(p for p in folder.iterdir() if p.name == "config.json" or p.suffix == ".safetensors")
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode() + b"\0")
+        with p.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -12,10 +13,10 @@ from typing import Callable, Sequence
 
 import mlx.core as mx
 
-from ..errors import InputError, LoadError
+from ..errors import InputError, LoadError, MeasuredVersionWarning
 from .drafters.lookup import LookupConfig, NgramIndex
 from .generate import Draft, DraftSource, GenResult, _setup, cap_schedule, speculative_loop
-from .loading import load_target, quantization_entry, read_model_config
+from .loading import load_target, quantization_entry, read_model_config, weights_digest
 from .target import Target
 from .text import TextStream
 
@@ -223,8 +224,10 @@ def load_pair(
         cap = entry.get("cap")
         if max_draft_tokens is None and isinstance(cap, int):
             max_draft_tokens = cap
-        evidence = {k: entry.get(k) for k in ("speedup", "ci", "mean_accept_len", "trials", "machine", "device", "run_ids", "date", "cap")}
+        evidence = {k: entry.get(k) for k in ("speedup", "ci", "mean_accept_len", "trials", "machine", "device", "run_ids", "date", "cap",
+                                              "drafter_digest")}
         evidence["options"] = dict(entry.get("options") or {})
+        _check_measured_version(entry, drafter, str(model))
     return _load_head_pair(model, drafter, mode, drafter_bits=drafter_bits, drafter_window=drafter_window,
                            max_draft_tokens=max_draft_tokens, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype,
                            source=source, evidence=evidence)
@@ -240,6 +243,19 @@ def _load_head_pair(model, drafter, mode: str, *, drafter_bits, drafter_window, 
     # DSpark defaults to a short draft; DFlash to its full block (what it was trained to fill).
     cap = max_draft_tokens or (head.config.max_drafts if mode == "dflash" else min(2, head.config.max_drafts))
     return target, tokenizer, head, PairConfig(str(model), str(drafter), mode, cap, source, evidence or {})
+
+
+def _check_measured_version(entry: dict, drafter: str, model: str) -> None:
+    """Warn when the registry measured other weights of this drafter than the folder holds now (a
+    head continued by a training session and stored again at the same path): the pair still runs
+    losslessly, but the measured speedup is another head's."""
+    measured = entry.get("drafter_digest")
+    local = weights_digest(drafter) if measured else None
+    if measured and local and local != measured:
+        warnings.warn(MeasuredVersionWarning(
+            f"the registry measured {entry.get('speedup')}x for {model!r} with other weights of the drafter {entry['drafter']!r} "
+            f"(weights digest {measured}; this folder's: {local}): the head was changed since, and its speed may differ. "
+            "Measure this version with `dspark-lab sweep` and rebuild the registry (`dspark-lab registry build`)."), stacklevel=3)
 
 
 def _backend() -> str:

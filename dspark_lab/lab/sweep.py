@@ -165,6 +165,7 @@ class Arm:
     mode: str
     cap: str
     drafter_id: str | None = None
+    drafter_digest: str | None = None  # which version of the drafter's weights (not part of the key)
 
     @property
     def key(self) -> str:
@@ -199,7 +200,7 @@ def _trial_row(run_id, arm: Arm, trial_index, pset, prompt, cfg, r, caps_chosen,
         caps_chosen=json.dumps(caps_chosen) if caps_chosen is not None else None,
         mean_accept_len=r.mean_accept_len, prefill_seconds=r.prefill_seconds, decode_seconds=decode_s,
         tokens_per_sec=r.tokens_per_sec, decode_tokens_per_sec=r.decode_tokens_per_sec, lossless=lossless, mismatch_index=mismatch,
-        mismatch_gap=gap, mismatch_tie=tie,
+        mismatch_gap=gap, mismatch_tie=tie, drafter_digest=arm.drafter_digest,
     )
 
 
@@ -258,34 +259,44 @@ def run_sweep(
     pipe_options = {k: True for k in ("pipe_lookup", "compile_draft") if getattr(cfg, k)}
     stamp = collect_device_stamp({"drafter_bits": cfg.drafter_bits, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
                                   **({"launch_every": cfg.launch_every} if cfg.launch_every else {}), **pipe_options})
-    run_id = resume if isinstance(resume, str) else (find_resumable(engine, cfg) if resume else None)
-    with Session(engine) as s:
-        if run_id is not None:
-            run = s.get(Run, run_id)
-            if run is None:
-                raise DsparkError(f"no run {run_id!r} in {db_path} to resume.")
-            run.status = "running"
-            s.add(run)
-        else:
-            from .. import __version__
+    from ..engine.loading import weights_digest
 
-            run_id = uuid.uuid4().hex[:12]
-            # The copy bandwidth, measured once a run, and each model's bytes a decode step reads
-            # (added as each loads: _note_decode_bytes) put every trial against the bandwidth limit.
-            bandwidth = {"copy_bytes_per_s": _measure_bandwidth(), "models": {}}
-            s.add(Run(id=run_id, dspark_lab_version=__version__, device_key=device_key(stamp), machine=machine_class(stamp),
-                      device_stamp=json.dumps(stamp, default=str),
-                      config=json.dumps({**asdict(cfg), "key": cfg.key(), "prompt_set_versions": {p.name: p.version for p in sets},
-                                         "bandwidth": bandwidth})))
-        s.commit()
-        done = {(t.arm_key, t.trial_index) for t in s.exec(select(Trial).where(Trial.run_id == run_id)).all()}
+    try:  # a refusal here (no such run, a changed head) leaves the file closed for the caller
+        run_id = resume if isinstance(resume, str) else (find_resumable(engine, cfg) if resume else None)
+        # Which version of each drafter's weights this run measures: stored on every trial, and a
+        # resumed run refuses drafters that hold other weights than it measured.
+        digests = {d: weights_digest(d) for d in [*cfg.drafters, *cfg.draft_models]}
+        with Session(engine) as s:
+            if run_id is not None:
+                run = s.get(Run, run_id)
+                if run is None:
+                    raise DsparkError(f"no run {run_id!r} in {db_path} to resume.")
+                check_same_drafters(s, run_id, digests)
+                run.status = "running"
+                s.add(run)
+            else:
+                from .. import __version__
+
+                run_id = uuid.uuid4().hex[:12]
+                # The copy bandwidth, measured once a run, and each model's bytes a decode step reads
+                # (added as each loads: _note_decode_bytes) put every trial against the bandwidth limit.
+                bandwidth = {"copy_bytes_per_s": _measure_bandwidth(), "models": {}}
+                s.add(Run(id=run_id, dspark_lab_version=__version__, device_key=device_key(stamp), machine=machine_class(stamp),
+                          device_stamp=json.dumps(stamp, default=str),
+                          config=json.dumps({**asdict(cfg), "key": cfg.key(), "prompt_set_versions": {p.name: p.version for p in sets},
+                                             "bandwidth": bandwidth})))
+            s.commit()
+            done = {(t.arm_key, t.trial_index) for t in s.exec(select(Trial).where(Trial.run_id == run_id)).all()}
+    except BaseException:
+        engine.dispose()
+        raise
     say(f"run {run_id}: {len(done)} trials already stored")
 
     status = "interrupted"
     try:
         for model in cfg.models:
             for precision in cfg.precisions:
-                _sweep_model(cfg, model_variant(model, precision), sets, engine, run_id, done, progress, say)
+                _sweep_model(cfg, model_variant(model, precision), sets, engine, run_id, done, progress, say, digests)
         status = "finished"
     except Exception:
         status = "failed"
@@ -300,7 +311,22 @@ def run_sweep(
     return run_id
 
 
-def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
+def check_same_drafters(session: Session, run_id: str, digests: dict[str, str | None]) -> None:
+    """Refuse to resume a run whose drafters now hold other weights than the run measured (a head
+    continued and stored again at the same path): its trials and the new ones would be summed up
+    as one arm, a speed and an acceptance that neither head has."""
+    stored = session.exec(select(Trial.drafter_id, Trial.drafter_digest).where(Trial.run_id == run_id)
+                          .where(Trial.drafter_digest.is_not(None)).distinct()).all()
+    for drafter, then in stored:
+        now = digests.get(drafter, then)
+        if now != then:
+            raise DsparkError(
+                f"drafter {drafter!r} holds other weights than run {run_id} measured (weights digest {then} then, "
+                f"{now or 'none: not a local folder'} now); resuming would pool two versions' trials as one arm. "
+                "Put the measured version back to resume, or start a new run (without --resume) to measure this one.")
+
+
+def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, digests=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..engine import draft_model_generate, greedy_generate, load_target, lookup_generate, mlx_lm_generate, speculative_generate
@@ -366,6 +392,8 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say):
                         continue
                 drafters[(mode, d)] = drafter
     arms = plan_arms(cfg, model_id, list(drafters))
+    for arm in arms:
+        arm.drafter_digest = (digests or {}).get(arm.drafter_id)
     cells = [(p, prompt, i) for p in sets for prompt in p.prompts for i in range(cfg.trials)]
     todo = [(arm, c) for c in cells for arm in arms if (f"{arm.key}|{c[0].name}|{c[1].id}", c[2]) not in done]
     if not todo:

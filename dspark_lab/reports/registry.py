@@ -6,8 +6,9 @@ trial that did not reproduce the baseline's tokens, with a trial never compared 
 or no faster than plain decoding is left out and listed under "refused" with the reason.
 
 The JSON is what dspark_lab.engine.speculative.read_registry / load_pair read: each entry keeps
-`target`, `drafter`, `cap`, `speedup`, `trials`, `device`, `run_ids`, `date` and the `options` its
-loop was measured with (for dspark-pipe: lookup_drafts, compile_draft).
+`target`, `drafter`, `cap`, `speedup`, `trials`, `device`, `run_ids`, `date`, the `options` its
+loop was measured with (for dspark-pipe: lookup_drafts, compile_draft) and the `drafter_digest` of
+the weights measured (engine/loading.weights_digest).
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ def _refusal(arm: dict, min_trials: int) -> str | None:
         return f"{arm['unchecked_trials']} of {n} trials were never compared with a baseline, so losslessness is unproven"
     if n < min_trials:
         return f"only {n} trials; at least {min_trials} are needed (run more --trials or prompts)"
+    if len(arm.get("drafter_digests") or []) > 1:
+        return (f"its trials measured {len(arm['drafter_digests'])} versions of the drafter at {arm['drafter_id']} (weights digests "
+                f"{', '.join(arm['drafter_digests'])}): a head stored again at the same path; build from one version's runs (--run)")
     if arm["speedup"] is None:
         return "no baseline trials on the same prompts and device to compute a speedup from"
     return None
@@ -176,6 +180,9 @@ def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: lis
             "date": prov["date"],
             "versions": prov["versions"],
             "options": _loop_options(runs, best["run_ids"], best["mode"]),
+            # Which version of the drafter's weights was measured (None: unknown, trials from before
+            # schema 3 or a drafter that is no local folder); load_pair warns when the local one differs.
+            "drafter_digest": (best["drafter_digests"] or [None])[0],
         })
     names = names or {}
     for entry in pairs + refused:

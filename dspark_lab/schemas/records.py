@@ -10,7 +10,7 @@ from sqlalchemy import Double
 from sqlmodel import Field, SQLModel
 
 # Bump when a table changes; dspark_lab/db/migrations.py says how to get from each version to the next.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def utcnow() -> datetime:
@@ -121,4 +121,8 @@ class Trial(SQLModel, table=True):
     # target's own forwards of other widths move the gap (lab/lossless.py; schema version 2).
     mismatch_gap: float | None = Field(default=None, sa_type=Double)
     mismatch_tie: bool | None = None
+    # Which version of the drafter's weights ran (engine/loading.weights_digest; schema version 3):
+    # a head continued and stored again at the same path is another head. None for arms without
+    # a drafter, a drafter that is no local folder, and trials stored before version 3.
+    drafter_digest: str | None = None
     created_at: datetime = Field(default_factory=utcnow)
