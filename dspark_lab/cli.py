@@ -617,6 +617,14 @@ def registry_show(
         typer.echo(registry_markdown(reg))  # as is: a console would wrap a long row, and Markdown rows must stay whole
     else:
         out.print(registry_table(reg))
+    from .engine.speculative import changed_drafter
+
+    for entry in reg["pairs"]:  # the heads here that were changed since the registry measured them
+        local = changed_drafter(entry)
+        if local:
+            err.print(f"[yellow]note:[/] {entry['target']}: the drafter {entry['drafter']} here holds other weights than were measured "
+                      f"(weights digest {local}, measured {entry['drafter_digest']}): its speed may differ; measure it with "
+                      "`dspark-lab sweep`.", highlight=False, soft_wrap=True)
 
 
 @app.command()

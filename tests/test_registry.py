@@ -383,6 +383,9 @@ def test_the_registry_names_the_measured_weights_and_load_pair_notices_new_ones(
     when the folder holds others, without refusing to run them."""
     import warnings
 
+    from typer.testing import CliRunner
+
+    from dspark_lab.cli import app
     from dspark_lab.engine.loading import weights_digest
     from dspark_lab.errors import MeasuredVersionWarning
     from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
@@ -400,6 +403,7 @@ def test_the_registry_names_the_measured_weights_and_load_pair_notices_new_ones(
         warnings.simplefilter("error", MeasuredVersionWarning)
         _, _, _, cfg = load_pair(str(model), registry=path)  # the measured weights: no warning
     assert cfg.evidence["drafter_digest"] == measured
+    assert "other weights" not in CliRunner().invoke(app, ["registry", "show", str(path)]).output
 
     _retrain(head)
     now = weights_digest(head)
@@ -407,6 +411,9 @@ def test_the_registry_names_the_measured_weights_and_load_pair_notices_new_ones(
     with pytest.warns(MeasuredVersionWarning, match=f"weights digest {measured}; this folder's: {now}.*dspark-lab sweep"):
         _, _, drafter, cfg = load_pair(str(model), registry=path)
     assert cfg.source == "registry" and drafter.config.max_drafts >= 3  # it still runs
+    # `registry show` says so too, for every head on this machine changed since it was measured.
+    r = CliRunner().invoke(app, ["registry", "show", str(path)])
+    assert r.exit_code == 0 and f"holds other weights than were measured (weights digest {now}, measured {measured})" in " ".join(r.output.split())
 
 
 def test_an_arm_pooling_two_versions_of_a_head_is_refused(tmp_path):

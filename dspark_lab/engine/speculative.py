@@ -245,13 +245,28 @@ def _load_head_pair(model, drafter, mode: str, *, drafter_bits, drafter_window, 
     return target, tokenizer, head, PairConfig(str(model), str(drafter), mode, cap, source, evidence or {})
 
 
+def changed_drafter(entry: dict, drafter: str | None = None) -> str | None:
+    """The weights digest of a registry entry's drafter as this machine has it (or of `drafter`),
+    where it differs from the one the entry measured; None when they agree, or when either is
+    unknown (an entry from before digests, a drafter that is no local folder or is not here)."""
+    measured = entry.get("drafter_digest")
+    if not measured or not entry.get("drafter"):
+        return None
+    if drafter is None:
+        try:
+            drafter = _registry_drafter(entry["drafter"], str(entry.get("target", "")))
+        except LoadError:
+            return None
+    local = weights_digest(drafter)
+    return local if local and local != measured else None
+
+
 def _check_measured_version(entry: dict, drafter: str, model: str) -> None:
     """Warn when the registry measured other weights of this drafter than the folder holds now (a
     head continued by a training session and stored again at the same path): the pair still runs
     losslessly, but the measured speedup is another head's."""
-    measured = entry.get("drafter_digest")
-    local = weights_digest(drafter) if measured else None
-    if measured and local and local != measured:
+    measured, local = entry.get("drafter_digest"), changed_drafter(entry, drafter)
+    if local:
         warnings.warn(MeasuredVersionWarning(
             f"the registry measured {entry.get('speedup')}x for {model!r} with other weights of the drafter {entry['drafter']!r} "
             f"(weights digest {measured}; this folder's: {local}): the head was changed since, and its speed may differ. "
