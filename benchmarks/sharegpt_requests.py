@@ -1,0 +1,86 @@
+"""Chat requests for a model to answer: ShareGPT conversations' opening user turns, as a prompt file.
+
+    python benchmarks/sharegpt_requests.py SHAREGPT.json --count 4000 --out FILE.jsonl.gz \
+        [--skip EARLIER.jsonl.gz ...] [--max-chars 2000] [--min-chars 10] [--seed 0]
+
+Chat is where the Qwen 1.5B's head is furthest from issue #9's goal, and its own answers to
+ShareGPT first turns are what lifted it (docs/performance.md, twenty-eighth round: 1,265 of them,
+held-out chat 1.75 -> 1.82). The sixteenth round's 4,000 (results/sg_chat16.jsonl.gz) were cut by
+hand; this writes more the same way, reproducibly:
+
+- a conversation's first user turn, and only of a conversation's first part (ShareGPT splits long
+  conversations into parts ID_0, ID_1, ...; a later part's first turn is the middle of a talk);
+- between --min-chars and --max-chars characters (a long paste is mostly the paste, and its answer
+  runs past the generation's 256 tokens);
+- each text once (whitespace folded: ShareGPT repeats popular openings), none already in a
+  --skip file (by text or by id), so a new file adds requests instead of repeating them;
+- shuffled with SEED, the first COUNT kept: records {"id", "domain": "chat", "text"}, the prompt
+  format of results/sg_chat16.jsonl.gz, which GEN_PROMPTS and borrow_prompts.py read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dspark_lab.lab.corpus import sharegpt_conversations  # noqa: E402
+from synthetic_prompts import write_prompt_file  # noqa: E402
+from unanswered_prompts import read_jsonl  # noqa: E402
+
+
+def _fold(text: str) -> str:
+    return " ".join(text.split())
+
+
+def first_part(conversation_id: str) -> bool:
+    """Whether an id names a conversation's first part (ID_0), or a conversation never split."""
+    stem, sep, part = conversation_id.rpartition("_")
+    return not (sep and stem and part.isdigit()) or part == "0"
+
+
+def opening_turns(path: Path, *, min_chars: int, max_chars: int, skip: list[dict]) -> list[dict]:
+    """Every usable opening request in the file, in file order, each text once."""
+    seen_texts = {_fold(r.get("text", "")) for r in skip}
+    seen_ids = {str(r.get("id")) for r in skip}
+    out = []
+    for cid, messages in sharegpt_conversations(path):
+        text = messages[0]["content"].strip()
+        key = _fold(text)
+        if not first_part(cid) or cid in seen_ids or key in seen_texts or not min_chars <= len(text) <= max_chars:
+            continue
+        seen_texts.add(key)
+        out.append({"id": cid, "domain": "chat", "text": text})
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sharegpt", type=Path, help="a ShareGPT JSON file ([{id, conversations: [{from, value}, ...]}, ...])")
+    ap.add_argument("--count", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--skip", type=Path, nargs="*", default=[], help="prompt files whose requests to leave out")
+    ap.add_argument("--min-chars", type=int, default=10)
+    ap.add_argument("--max-chars", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if not args.sharegpt.is_file():
+        raise SystemExit(f"{args.sharegpt}: no such file (the ShareGPT JSON; prepare_device_session.sh unpacks it into /tmp/dspark-session/sg)")
+    if args.count < 1:
+        raise SystemExit(f"--count must be at least 1, got {args.count}")
+    skip = [r for f in args.skip for r in read_jsonl(f)]
+    turns = opening_turns(args.sharegpt, min_chars=args.min_chars, max_chars=args.max_chars, skip=skip)
+    random.Random(args.seed).shuffle(turns)
+    if len(turns) < args.count:
+        print(f"only {len(turns)} usable opening turns (asked for {args.count}): writing them all")
+    kept = turns[:args.count]
+    write_prompt_file(args.out, kept)
+    print(f"{len(kept)} of {len(turns)} usable opening turns ({len(skip)} requests skipped as given) -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""benchmarks/sharegpt_requests.py: ShareGPT opening turns as chat requests, only a conversation's
+first part, within the length bounds, each text once, none a given file already holds, shuffled by
+seed, and loadable as a prompt set."""
+
+import gzip
+import json
+
+from dspark_lab.lab.prompts import load_prompt_set
+
+from scripts import load_script
+
+
+def _conversation(cid, opening, answer="Sure."):
+    return {"id": cid, "conversations": [{"from": "human", "value": opening}, {"from": "gpt", "value": answer}]}
+
+
+def test_opening_turns_are_filtered_deduplicated_and_shuffled(tmp_path):
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps([
+        _conversation("a_0", "How do I sort a list in Python?"),
+        _conversation("a_1", "And in reverse order, please?"),  # a later part: the middle of a talk
+        _conversation("b", "Plan a three-day trip to Lisbon."),  # never split: its own first part
+        _conversation("c_0", "x" * 300),  # past --max-chars
+        _conversation("d_0", "  How do I sort a   list in Python?\n"),  # a: repeated, whitespace aside
+        _conversation("e_0", "Explain recursion to a child."),  # in the skip file by text
+        _conversation("f_0", "Write a haiku about rain."),  # in the skip file by id
+        _conversation("g_0", "hi"),  # under --min-chars
+        {"id": "h_0", "conversations": [{"from": "gpt", "value": "I speak first"}]},  # not a user's opening
+    ] + [_conversation(f"n{i}_0", f"Question number {i} about databases?") for i in range(6)]))
+    skip = tmp_path / "old.jsonl.gz"
+    skip.write_bytes(gzip.compress((json.dumps({"id": "zzz_0", "domain": "chat", "text": "Explain recursion to a child."}) + "\n"
+                                    + json.dumps({"id": "f_0", "domain": "chat", "text": "something else"}) + "\n").encode()))
+    script = load_script("sharegpt_requests")
+    kept = script.opening_turns(sg, min_chars=10, max_chars=200, skip=[json.loads(line) for line in gzip.open(skip, "rt")])
+    assert [r["id"] for r in kept] == ["a_0", "b"] + [f"n{i}_0" for i in range(6)]
+    assert kept[0] == {"id": "a_0", "domain": "chat", "text": "How do I sort a list in Python?"}
+
+    out = tmp_path / "new.jsonl.gz"
+    script.main([str(sg), "--count", "5", "--out", str(out), "--skip", str(skip), "--max-chars", "200", "--seed", "3"])
+    first = [json.loads(line) for line in gzip.open(out, "rt")]
+    assert len(first) == 5 and {r["id"] for r in first} <= {r["id"] for r in kept}
+    assert [r["id"] for r in first] != [r["id"] for r in kept][:5]  # shuffled, not file order
+    again = tmp_path / "again.jsonl.gz"
+    script.main([str(sg), "--count", "5", "--out", str(again), "--skip", str(skip), "--max-chars", "200", "--seed", "3"])
+    assert [json.loads(line) for line in gzip.open(again, "rt")] == first  # the seed decides
+    pset = load_prompt_set(str(out))
+    assert len(pset.prompts) == 5 and {p.domain for p in pset.prompts} == {"chat"}
+
+
+def test_asking_for_more_than_there_is_writes_what_there_is(tmp_path, capsys):
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps([_conversation("a_0", "How do I sort a list in Python?")]))
+    out = tmp_path / "out.jsonl"
+    load_script("sharegpt_requests").main([str(sg), "--count", "10", "--out", str(out)])
+    assert "only 1 usable opening turns (asked for 10)" in capsys.readouterr().out
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a_0"]
