@@ -87,7 +87,7 @@ def speedup_chart(summary: pl.DataFrame) -> alt.FacetChart | None:
     df = label_arms(summary).filter((pl.col("mode") != "baseline") & pl.col("speedup").is_not_null())
     if df.is_empty():
         return None
-    df = df.with_columns(*(pl.col(c).list.join(", ") for c in ("run_ids", "device_keys", "drafter_digests") if c in df.columns))
+    df = df.with_columns(run_ids=pl.col("run_ids").list.join(", "), device_keys=pl.col("device_keys").list.join(", "))
     x = alt.X("cap:O", title="draft cap", sort=_caps(df), axis=alt.Axis(labelAngle=0))
     color = _series_color(df)
     tooltip = ["arm:N", "domain:N", alt.Tooltip("speedup:Q", format=".3f"), alt.Tooltip("ci_lo:Q", format=".3f"),
