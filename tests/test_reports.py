@@ -164,6 +164,10 @@ def test_real_sweep_report_matches_the_database(tmp_path):
         speedup = 1.0 if mode == "baseline" else statistics.median(t[5] / base[(t[3], t[4])] for t in mine)
         assert cells["speedup"] == f"{speedup:.3f}", key
         assert machine in cells["device"] and cells["run_ids"]
+        if mode == "dspark":  # the head's weights, named by their digest
+            from dspark_lab.engine.loading import weights_digest
+
+            assert cells["drafter"].endswith(f" #{weights_digest(drafter)[:8]}"), cells["drafter"]
     for title in TITLES[:4] + TITLES[-1:]:
         assert title in html
     assert "No calibration records" in html  # this sweep had no cap auto, so nothing was calibrated
@@ -212,3 +216,25 @@ def test_save_chart_takes_a_chart_or_its_spec(tmp_path):
     for source in (chart, chart.to_dict()):
         save_chart(source, tmp_path / "c.png")
         assert png_size(tmp_path / "c.png")[0] > 50
+
+
+def test_two_versions_of_a_head_in_one_arm_are_flagged(tmp_path):
+    """A head continued and stored again at its path, measured before and after, pools two heads
+    in one row: the report says so instead of showing one digest."""
+    from labdb import HEAD_A, METAL, PROMPTS, trial
+    from sqlmodel import Session
+
+    from dspark_lab.db.store import open_db
+    from dspark_lab.schemas.records import Run
+
+    engine = open_db(tmp_path / "two.duckdb")
+    with Session(engine) as s:
+        s.add(Run(id="r", status="finished", dspark_lab_version="0.1.0", device_key="k", machine=METAL, device_stamp="{}", config="{}"))
+        for n, p in enumerate(PROMPTS):
+            s.add(trial("r", MODEL_A, "baseline", "0", p, 0, 100.0))
+            t = trial("r", MODEL_A, "dspark", "2", p, 0, 150.0, drafter=HEAD_A)
+            t.drafter_digest = "aaaaaaaaaaaaaaaa" if n % 2 else "bbbbbbbbbbbbbbbb"
+            s.add(t)
+        s.commit()
+    html = build_report(engine, tmp_path / "r.html").read_text()
+    assert "2 versions of the drafter pooled" in html and "#aaaaaaaa" not in html

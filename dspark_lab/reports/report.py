@@ -152,8 +152,14 @@ def _summary_rows(df: pl.DataFrame) -> list[str]:
         ci = "-" if r["ci_lo"] is None else f"[{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]"
         profile = " ".join(f"{p:.2f}" for p in r["per_position_acceptance"] or []) or "-"
         device = f"{r['machine']} ({', '.join(r['device_keys'])})"
+        # Which weights of the drafter ran (its digest), so two versions of a head kept at one
+        # path (a fixture continued each session) are told apart; more than one is flagged.
+        digests = r.get("drafter_digests") or []
+        drafter = short_name(r["drafter_id"]) + (f" #{digests[0][:8]}" if len(digests) == 1 else "")
+        if len(digests) > 1:
+            flag += f'<span class="flag">{len(digests)} versions of the drafter pooled</span>'
         cells = [
-            ("domain", r["domain"]), ("mode", r["mode"]), ("drafter", short_name(r["drafter_id"])), ("cap", r["cap"]),
+            ("domain", r["domain"]), ("mode", r["mode"]), ("drafter", drafter), ("cap", r["cap"]),
             ("median_tok_s", _fmt(r["median_tok_s"], ".2f")), ("baseline_median_tok_s", _fmt(r["baseline_median_tok_s"], ".2f")),
             ("limit_share", _fmt(r["limit_share"], ".1%")),
             ("speedup", _fmt(r["speedup"])), ("ci", ci), ("mean_accept_len", _fmt(r["mean_accept_len"])),
