@@ -510,3 +510,12 @@ def test_later_repeats_rotate_the_arm_order(tiny_dirs, tmp_path):
     assert order == [(0, "baseline", "0"), (0, "lookup", "2"), (0, "lookup", "3"),
                      (1, "lookup", "2"), (1, "lookup", "3"), (1, "baseline", "0")]
     assert rows(db, "select count(*) from trials where mode = 'lookup' and lossless is null")[0][0] == 0
+
+
+def test_a_path_that_is_nothing_is_refused_before_a_run_is_created(tiny_dirs, head, tmp_path):
+    db = tmp_path / "typo.duckdb"
+    with pytest.raises(InputError, match="drafter '/no/such/head' not found.*nothing was run or stored"):
+        run_sweep(small_config(tiny_dirs["qwen3"], "/no/such/head"), db, progress=False)
+    with pytest.raises(InputError, match="model '/no/such/model' not found"):
+        run_sweep(small_config("/no/such/model", head), db, progress=False)
+    assert not db.exists()  # no database, no failed run in it

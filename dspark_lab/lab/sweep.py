@@ -255,6 +255,7 @@ def run_sweep(
 
     say = on_event or (lambda _m: None)
     sets = load_prompt_sets(cfg.prompt_sets, limit=cfg.prompt_limit)
+    _check_paths(cfg)
     engine = open_db(db_path)
     pipe_options = {k: True for k in ("pipe_lookup", "compile_draft") if getattr(cfg, k)}
     stamp = collect_device_stamp({"drafter_bits": cfg.drafter_bits, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
@@ -309,6 +310,19 @@ def run_sweep(
             s.commit()
         engine.dispose()
     return run_id
+
+
+def _check_paths(cfg: SweepConfig) -> None:
+    """A model, head or draft model that is neither a folder here nor a Hugging Face repo id is a
+    typo: say so before a run is created, not after it was started and failed (a head that does
+    not load for one model of a grid is skipped with a message instead: it may be another's)."""
+    from ..engine.loading import _looks_like_repo_id
+
+    for what, refs in (("model", cfg.models), ("drafter", cfg.drafters), ("draft model", cfg.draft_models)):
+        for ref in refs:
+            if not Path(ref).expanduser().exists() and not _looks_like_repo_id(str(ref)):
+                raise InputError(f"{what} {ref!r} not found: no such directory, and it is not a Hugging Face repo id "
+                                 "(owner/name). Check the path; nothing was run or stored.")
 
 
 def check_same_drafters(session: Session, run_id: str, digests: dict[str, str | None]) -> None:
