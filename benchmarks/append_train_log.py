@@ -19,21 +19,20 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def read_rows(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
+from unanswered_prompts import read_jsonl  # noqa: E402
 
 
 def append(log: Path, run_log: Path, run: str, upto: int | None = None) -> int:
     """Append run_log's steps (to `upto`) to log under `run`; returns how many were appended."""
-    old = read_rows(log) if log.exists() else []
+    old = read_jsonl(log) if log.exists() else []
     if any(r.get("run") == run for r in old):
         raise SystemExit(f"{log} already holds run {run!r}: appended before? Name this run otherwise.")
-    rows = read_rows(run_log)
+    rows = read_jsonl(run_log)
     steps = [r.get("step") for r in rows]
     if steps != list(range(1, len(steps) + 1)):
         raise SystemExit(f"{run_log}: its steps do not run 1, 2, 3, ... (a partial or mixed log); bring back the whole run's log.")

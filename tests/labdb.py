@@ -156,3 +156,15 @@ def sweep_db(tmp_path: Path):
     if wal.exists():  # normally checkpointed when the sweep closed the file
         shutil.copyfile(wal, copy.with_name(copy.name + ".wal"))
     return open_db(copy)
+
+
+def store_other_weights(head: Path) -> None:
+    """The same head stored again at its path with other weights, as a training session leaves a
+    fixture it continued (its first tensor moved by 1)."""
+    import mlx.core as mx
+
+    path = Path(head) / "model.safetensors"
+    weights, meta = mx.load(str(path), return_metadata=True)
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1
+    mx.save_safetensors(str(path), weights, metadata=meta)

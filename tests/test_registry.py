@@ -5,7 +5,7 @@ import io
 import json
 
 import pytest
-from labdb import CUDA, HEAD_A, METAL, MODEL_A, MODEL_A_CUDA, PROMPTS, sweep_db, synthetic_db, trial
+from labdb import CUDA, HEAD_A, METAL, MODEL_A, MODEL_A_CUDA, PROMPTS, store_other_weights, sweep_db, synthetic_db, trial
 from rich.console import Console
 from sqlalchemy import text
 from sqlmodel import Session
@@ -366,17 +366,6 @@ def _store_head_trials(engine, model, head, digests):
         s.commit()
 
 
-def _retrain(head):
-    """The same head stored again with other weights, as a training session leaves it."""
-    import mlx.core as mx
-
-    path = head / "model.safetensors"
-    weights, meta = mx.load(str(path), return_metadata=True)
-    name = sorted(weights)[0]
-    weights[name] = weights[name] + 1
-    mx.save_safetensors(str(path), weights, metadata=meta)
-
-
 def test_the_registry_names_the_measured_weights_and_load_pair_notices_new_ones(tmp_path):
     """A head continued and stored again at the same path (fixtures/NAME after each training
     session) is another head: the entry records which weights were measured, and load_pair warns
@@ -405,7 +394,7 @@ def test_the_registry_names_the_measured_weights_and_load_pair_notices_new_ones(
     assert cfg.evidence["drafter_digest"] == measured
     assert "other weights" not in CliRunner().invoke(app, ["registry", "show", str(path)]).output
 
-    _retrain(head)
+    store_other_weights(head)
     now = weights_digest(head)
     assert now != measured
     with pytest.warns(MeasuredVersionWarning, match=f"weights digest {measured}; this folder's: {now}.*dspark-lab sweep"):

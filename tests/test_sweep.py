@@ -22,6 +22,7 @@ from dspark_lab.schemas.records import SCHEMA_VERSION
 from dspark_lab.lab.sweep import SweepConfig, load_grid, run_sweep
 from dspark_lab.tiny import build_tiny_dspark
 
+from labdb import store_other_weights
 from scripts import BENCHMARKS
 
 runner = CliRunner()
@@ -75,8 +76,6 @@ def test_a_resumed_run_refuses_a_head_changed_since(tiny_dirs, head, tmp_path):
     heads' trials as one arm: the resume refuses, names both digests, and keeps every trial."""
     import shutil
 
-    import mlx.core as mx
-
     from dspark_lab.engine.loading import weights_digest
 
     mine = shutil.copytree(head, tmp_path / "head")
@@ -85,10 +84,7 @@ def test_a_resumed_run_refuses_a_head_changed_since(tiny_dirs, head, tmp_path):
     rid = run_sweep(cfg, db, progress=False)
     before = weights_digest(mine)
     stored = rows(db, "select count(*) from trials")[0][0]
-    weights, meta = mx.load(str(mine / "model.safetensors"), return_metadata=True)
-    first = sorted(weights)[0]
-    weights[first] = weights[first] + 1
-    mx.save_safetensors(str(mine / "model.safetensors"), weights, metadata=meta)
+    store_other_weights(mine)
     with pytest.raises(DsparkError, match=f"holds other weights than run {rid} measured \\(weights digest {before} then, "
                                           f"{weights_digest(mine)} now\\).*start a new run"):
         run_sweep(cfg, db, resume=rid, progress=False)

@@ -36,6 +36,13 @@ def _looks_like_repo_id(ref: str) -> bool:
     return len(parts) == 2 and all(parts) and not ref.startswith((".", "~")) and " " not in ref
 
 
+def check_reference(ref: str | os.PathLike, *, what: str = "model") -> None:
+    """Refuse, without touching the network, a reference that is neither a path here nor a
+    Hugging Face repo id (owner/name): a typo, which resolve_model_path would refuse the same way."""
+    if not Path(ref).expanduser().exists() and not _looks_like_repo_id(str(ref)):
+        raise LoadError(f"{what} {str(ref)!r} not found: no such directory, and it is not a Hugging Face repo id (owner/name). Check the path.")
+
+
 def resolve_model_path(ref: str | os.PathLike, *, what: str = "model") -> Path:
     """A local directory, or a Hugging Face repo id fetched (or found in the cache) through
     huggingface_hub. Honours HF_HUB_OFFLINE: offline and not cached is an error that says so."""
@@ -44,9 +51,8 @@ def resolve_model_path(ref: str | os.PathLike, *, what: str = "model") -> Path:
         if not path.is_dir():
             raise LoadError(f"{what} path {str(path)!r} is a file; pass the directory that holds config.json and the *.safetensors weights (for a .gguf file, run `dspark-lab import-gguf` first).")
         return path
+    check_reference(ref, what=what)
     ref = str(ref)
-    if not _looks_like_repo_id(ref):
-        raise LoadError(f"{what} {ref!r} not found: no such directory, and it is not a Hugging Face repo id (owner/name). Check the path.")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 

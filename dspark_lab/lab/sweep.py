@@ -26,7 +26,7 @@ from typing import Callable
 from sqlmodel import Session, select
 
 from ..engine.names import AS_LOADED, DEQUANTIZED, split_variant
-from ..errors import DsparkError, InputError
+from ..errors import DsparkError, InputError, LoadError
 from ..schemas.records import Run, Trial, utcnow
 
 MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dflash", "draft", "draft-pipe", "mlx-lm")
@@ -316,13 +316,14 @@ def _check_paths(cfg: SweepConfig) -> None:
     """A model, head or draft model that is neither a folder here nor a Hugging Face repo id is a
     typo: say so before a run is created, not after it was started and failed (a head that does
     not load for one model of a grid is skipped with a message instead: it may be another's)."""
-    from ..engine.loading import _looks_like_repo_id
+    from ..engine.loading import check_reference
 
     for what, refs in (("model", cfg.models), ("drafter", cfg.drafters), ("draft model", cfg.draft_models)):
         for ref in refs:
-            if not Path(ref).expanduser().exists() and not _looks_like_repo_id(str(ref)):
-                raise InputError(f"{what} {ref!r} not found: no such directory, and it is not a Hugging Face repo id "
-                                 "(owner/name). Check the path; nothing was run or stored.")
+            try:
+                check_reference(ref, what=what)
+            except LoadError as e:
+                raise InputError(f"{e} (nothing was run or stored)") from None
 
 
 def check_same_drafters(session: Session, run_id: str, digests: dict[str, str | None]) -> None:
@@ -340,13 +341,12 @@ def check_same_drafters(session: Session, run_id: str, digests: dict[str, str | 
                 "Put the measured version back to resume, or start a new run (without --resume) to measure this one.")
 
 
-def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, digests=None):
+def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, digests):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..engine import draft_model_generate, greedy_generate, load_target, lookup_generate, mlx_lm_generate, speculative_generate
     from ..engine.drafters.load import load_dflash, load_dspark
     from ..engine.speculative import check_pipeline_target, check_same_tokenizer
-    from ..errors import LoadError
     from .calibrate import calibrate
     from .controller import DEFAULT_ACCEPTANCE, CapController
 
@@ -407,7 +407,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
                 drafters[(mode, d)] = drafter
     arms = plan_arms(cfg, model_id, list(drafters))
     for arm in arms:
-        arm.drafter_digest = (digests or {}).get(arm.drafter_id)
+        arm.drafter_digest = digests.get(arm.drafter_id)
     cells = [(p, prompt, i) for p in sets for prompt in p.prompts for i in range(cfg.trials)]
     todo = [(arm, c) for c in cells for arm in arms if (f"{arm.key}|{c[0].name}|{c[1].id}", c[2]) not in done]
     if not todo:
