@@ -5,6 +5,8 @@ seed, and loadable as a prompt set."""
 import gzip
 import json
 
+import pytest
+
 from dspark_lab.lab.prompts import load_prompt_set
 
 from scripts import load_script
@@ -54,3 +56,15 @@ def test_asking_for_more_than_there_is_writes_what_there_is(tmp_path, capsys):
     load_script("sharegpt_requests").main([str(sg), "--count", "10", "--out", str(out)])
     assert "only 1 usable opening turns (asked for 10)" in capsys.readouterr().out
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a_0"]
+
+
+def test_a_missing_file_or_a_count_under_one_is_refused_by_name(tmp_path):
+    script = load_script("sharegpt_requests")
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(SystemExit, match="nope.json: no such file .*ShareGPT JSON"):
+        script.main([str(tmp_path / "nope.json"), "--count", "5", "--out", str(out)])
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps([_conversation("a_0", "How do I sort a list in Python?")]))
+    with pytest.raises(SystemExit, match="--count must be at least 1, got 0"):
+        script.main([str(sg), "--count", "0", "--out", str(out)])
+    assert not out.exists()
