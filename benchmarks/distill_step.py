@@ -3,7 +3,7 @@ peak memory, for several anchor counts: how many anchors a step can afford on th
 
     python benchmarks/distill_step.py --model MODEL --data DIR/data.jsonl(.gz) --seqs 8 --anchors 512,2048 \
         --block 8 --layers 2 --markov-rank 64 [--max-len 1024] [--steps 3] [--weights as-loaded,dequantized] \
-        [--compute float32,bfloat16] [--json OUT.json]
+        [--compute float32,bfloat16] [--soft-labels 0,32] [--json OUT.json]
 
 A step is distill's own: `_training_batch` draws the sequences and anchors, `step_inputs` runs the
 target's tapped forward (taps and greedy labels), `head_loss_and_grad` (chained slots) and an AdamW
@@ -18,7 +18,8 @@ losses agree, and the head step's times say what leaving the unlabelled slots ou
 `--weights` runs all of it for the target as loaded and/or its dequantized copy (what distill's
 `--target-weights` chooses between): the same labels up to near-ties, a different forward time.
 `--compute` does the same for the head's own arithmetic (distill's `--compute-dtype`: float32, or
-bfloat16 on copies of float32 weights).
+bfloat16 on copies of float32 weights), and `--soft-labels` for distill's soft labels (0: the
+greedy token alone; k: the target's k most likely tokens, taken from the same forward).
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ def measure(target, c, lm_head, data, cfg: DistillConfig, steps: int, gather: bo
             batch = _training_batch(data, rng, cfg)
         ids, lengths, anchors = batch
         t0 = time.perf_counter()
-        taps_cat, labels, rows = step_inputs(target, c, cfg, ids, anchors, lengths, gather)
+        taps_cat, labels, rows, soft = step_inputs(target, c, cfg, ids, anchors, lengths, gather)
         t1 = time.perf_counter()
-        loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, labels, rows)
+        loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, labels, rows, soft)
         optimizer.update(head, grads)
         mx.eval(head.parameters(), optimizer.state, loss)
         t2 = time.perf_counter()
@@ -80,7 +81,7 @@ def measure(target, c, lm_head, data, cfg: DistillConfig, steps: int, gather: bo
             train.append(t2 - t1)
     f, t = statistics.median(fwd), statistics.median(train)
     rows = int(rows[1].sum().item()) if gather else None
-    return {"anchors": cfg.anchors, "seqs": cfg.seqs, "gather": gather, "labelled_slots": rows, "slots": cfg.anchors * c.block_size,
+    return {"anchors": cfg.anchors, "seqs": cfg.seqs, "soft_labels": cfg.soft_labels, "gather": gather, "labelled_slots": rows, "slots": cfg.anchors * c.block_size,
             "target_forward_ms": round(1e3 * f, 1), "head_step_ms": round(1e3 * t, 1),
             "step_ms": round(1e3 * (f + t), 1), "anchors_per_s": round(cfg.anchors / (f + t), 1),
             "peak_bytes": mx.get_peak_memory(), "loss": round(loss.item(), 3)}
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per anchor count (after one warm-up)")
     ap.add_argument("--compute", default="float32",
                     help="comma-separated: float32, bfloat16 (the head's forward and backward, distill's --compute-dtype)")
+    ap.add_argument("--soft-labels", default="0", help="comma-separated: 0 (the greedy token) or k (the target's top k), distill's --soft-labels")
     ap.add_argument("--weights", default="as-loaded", help="comma-separated: as-loaded, dequantized (the target's weights in the step)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -110,10 +112,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ap.error(f"--weights: {weights!r} is neither as-loaded nor dequantized")
         target, _ = load_target(a.model, dequantize=weights == "dequantized")
         lm_head = dense_lm_head(target)
-        for n, compute in ((int(x), dt) for x in a.anchors.split(",") for dt in a.compute.split(",")):
+        for n, compute, k in ((int(x), dt, int(k)) for x in a.anchors.split(",") for dt in a.compute.split(",")
+                              for k in a.soft_labels.split(",")):
             try:
                 cfg = DistillConfig(model=a.model, out="", block=a.block, layers=a.layers, markov_rank=a.markov_rank, anchors=n,
-                                    seqs=a.seqs, max_len=a.max_len, tokens=1, compute_dtype=compute)
+                                    seqs=a.seqs, max_len=a.max_len, tokens=1, compute_dtype=compute, soft_labels=k)
             except InputError as e:
                 ap.error(str(e).replace("--compute-dtype", "--compute"))
             c = head_config(target, cfg)
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 r = measure(target, c, lm_head, data, cfg, a.steps, gather) | {"weights": weights, "compute": compute}
                 results.append(r)
                 what = f"{r['labelled_slots']} of {r['slots']} slots" if gather else f"all {r['slots']} slots"
-                print(f"{weights:>11}, {compute:>8}, anchors {n:5d} ({a.seqs} x {n // a.seqs}), {what:>22}: target forward {r['target_forward_ms']:8.1f} ms, "
+                print(f"{weights:>11}, {compute:>8}, soft {k:3d}, anchors {n:5d} ({a.seqs} x {n // a.seqs}), {what:>22}: target forward {r['target_forward_ms']:8.1f} ms, "
                       f"head step {r['head_step_ms']:8.1f} ms, {r['anchors_per_s']:8.1f} anchors/s, peak {r['peak_bytes'] / 2**30:.2f} GB, "
                       f"last loss {r['loss']}", flush=True)
         del target, lm_head

@@ -21,7 +21,7 @@
 # (cap MLX's buffer cache, which comes on top of what a run holds: needed when two runs share one
 # GPU; uncapped, one 1.5B run's cache took 138 of the H200's 141 GB and the second run died, and
 # at 48 each both did; at 4 each two 1.5B runs held 82 GB together, under the 60 GB memory limit
-# each also had: twenty-seventh round), PROMPTS (only the held-out evaluation during training:
+# each also had, MEM_GB=60 (distill --memory-gb): twenty-seventh round), PROMPTS (only the held-out evaluation during training:
 # --tokens 0 generates nothing), SELF_INSTRUCT / GEN_PROMPTS / GEN_MINUTES / GEN_BATCH (above the training step), TRAIN=0
 # (stop after the generation: a session that only writes rows to commit), QUANT (the head kept,
 # evaluated and timed is the one stored at QUANT bits: below), TIMING, GRID and SWEEP (below).
@@ -32,7 +32,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 case ${MINUTES:-8} in ''|*[!0-9]*) echo "MINUTES must be a whole number of minutes, got '${MINUTES:-}'"; exit 2 ;; esac
 name=$1
 # A suffix names another run of the same model (qwen15-wide): its own /tmp/NAME, log and
-# `h200_collect.sh NAME`, so two runs can share one GPU side by side (give each CACHE_GB=4).
+# `h200_collect.sh NAME`, so two runs can share one GPU side by side (give each CACHE_GB=4 MEM_GB=60).
 case $name in
   smol|smol-*)     model=/root/ship/smollm2/smollm2-135m; arch="--block 5 --layers 1 --markov-rank 32 --seqs 8 --anchors 1024"; cap=4 ;;
   qwen05|qwen05-*) model=/root/ship/qwen05/qwen2.5-coder-0.5b-q4-bfloat16; arch="--block 8 --layers 2 --markov-rank 64 --seqs 8 --anchors 512"; cap=7 ;;
@@ -48,7 +48,7 @@ if [ "${CACHE_GB:-0}" = 0 ]; then
     other=$(dirname "$pidfile")
     [ -f "$pidfile" ] && [ "$other" != "${RUN_DIR:-/tmp/$name}" ] && [ ! -f "$other/.run_done" ] || continue
     if kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-      echo "another run is going on this GPU ($other, pid $(cat "$pidfile")): two runs need CACHE_GB=4 each (uncapped, one takes the GPU's memory as cache); start both with it, or wait for that one"
+      echo "another run is going on this GPU ($other, pid $(cat "$pidfile")): two runs need CACHE_GB=4 MEM_GB=60 each (uncapped, one takes the GPU's memory as cache); start both with it, or wait for that one"
       exit 2
     fi
   done
@@ -121,7 +121,7 @@ timeout $((60 * ${MINUTES:-8} + 240)) python3 -m dspark_lab distill -m "$model" 
   --prompts "${PROMPTS:-code,math,chat}" \
   --tokens 0 --corpus "sharegpt:ShareGPT_V3_unfiltered_cleaned_split.json" --corpus-tokens 1 \
   --max-len "${MAXLEN:-1024}" --steps 200000 --lr "${LR:-1e-3}" --warmup 200 --minutes "${MINUTES:-8}" --eval-every 1000000 --checkpoint-every "${CKPT:-1000000}" \
-  --cache-gb "${CACHE_GB:-0}" $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") \
+  --cache-gb "${CACHE_GB:-0}" --memory-gb "${MEM_GB:-0}" $([ "${RESUME:-0}" = 1 ] && echo --resume) $([ -n "${INIT:-}" ] && echo --init "$INIT") \
   ${MIX:+--mix "$MIX"} >> "$run/distill.log" 2>&1
 echo "$name distill rc=$? at ${SECONDS}s"
 touch "$run/.distill_done"  # h200_collect.sh now returns the final head first

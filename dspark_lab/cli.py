@@ -641,6 +641,7 @@ def distill(
     corpus: Annotated[str, typer.Option(help="Conversations the target reads instead of writes (sharegpt:PATH, code:DIR of Python sources; comma-separated): one forward per sequence instead of a decode step per token.")] = "",
     corpus_tokens: Annotated[int, typer.Option(help="Answer tokens to take from each --corpus.")] = 0,
     labels: Annotated[str, typer.Option(help="target: learn the target's own greedy prediction at every position (needed for --corpus); data: the stored next token.")] = "target",
+    soft_labels: Annotated[int, typer.Option(help="With --labels target: learn the target's next-token distribution over its this-many most likely tokens (renormalized) instead of its greedy token alone (0). The logged loss then includes the target's own entropy.")] = 0,
     max_new_tokens: Annotated[int, typer.Option(help="Longest continuation per prompt (each prompt is continued once).")] = 192,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay to a tenth over --steps, or over --minutes where that ends first).")] = 5e-4,
@@ -657,6 +658,7 @@ def distill(
     save_dtype: Annotated[str, typer.Option(help="dtype of the saved head: bfloat16, float16 or float32.")] = "bfloat16",
     slot_decay: Annotated[float, typer.Option(help="Loss weight of block slot k is slot_decay**k (early drafts decide acceptance).")] = 0.8,
     cache_gb: Annotated[float, typer.Option(help="Cap MLX's cache of freed buffers at this many GB (0: MLX's default, up to its memory limit); set it when several runs share one GPU.")] = 0.0,
+    memory_gb: Annotated[float, typer.Option(help="MLX's memory limit in GB (0: MLX's default); with --cache-gb, what lets two runs share one GPU (4 and 60 on an H200).")] = 0.0,
     chain_slots: Annotated[bool, typer.Option(help="With --labels target: train block slot k only where the text after the anchor is the target's own greedy tokens up to it (inference verifies slot k only then).")] = True,
     target_weights: Annotated[str, typer.Option(help="The target's weights for making the data and the training forward: auto (a dequantized copy of a quantized target where it fits in a quarter of the device's memory: much faster at these batch sizes), dequantized, or as-loaded. The held-out evaluation always decodes with the target as loaded.")] = "auto",
     compute_dtype: Annotated[str, typer.Option(help="The head's forward and backward in training: float32, or bfloat16 on copies of its float32 weights (mixed precision; the optimizer still updates float32 weights). Time both with benchmarks/distill_step.py --compute float32,bfloat16.")] = "float32",
@@ -669,8 +671,8 @@ def distill(
     from .lab.distill import DistillConfig, distill as run_distill
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, intermediate_size=intermediate_size, prompts=prompts,
-                        tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
-                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, chain_slots=chain_slots, target_weights=target_weights, compute_dtype=compute_dtype, cache_gb=cache_gb, init=str(init or ""), mix=mix, command="dspark-lab " + shlex.join(sys.argv[1:]))  # quoted: the card's command pastes into a shell (--mix '*code*=2')
+                        tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, soft_labels=soft_labels, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
+                        batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, chain_slots=chain_slots, target_weights=target_weights, compute_dtype=compute_dtype, cache_gb=cache_gb, memory_gb=memory_gb, init=str(init or ""), mix=mix, command="dspark-lab " + shlex.join(sys.argv[1:]))  # quoted: the card's command pastes into a shell (--mix '*code*=2')
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     if data_only:  # no head yet: the next step is training on the data
         out.print(f"training data in {path / 'data.jsonl'}; train with the same command without --data-only")

@@ -218,13 +218,13 @@ def test_a_second_uncapped_run_beside_a_live_one_is_refused_before_anything_runs
         (other / ".pid").write_text(f"{sleeper.pid}\n")
         with pytest.raises(subprocess.CalledProcessError) as e:
             run_script(tmp_path, name="qwen15-wide", GEN_PROMPTS="/x/a.jsonl.gz")
-        assert e.value.returncode == 2 and "two runs need CACHE_GB=4 each" in e.value.stdout and str(other) in e.value.stdout
+        assert e.value.returncode == 2 and "two runs need CACHE_GB=4 MEM_GB=60 each" in e.value.stdout and str(other) in e.value.stdout
         assert not (tmp_path / "calls.txt").exists()
         # Capped, it starts (the other run must have been started capped too: the message says so).
         for d in ("bin", "run"):
             shutil.rmtree(tmp_path / d)
-        out, calls, _ = run_script(tmp_path, name="qwen15-wide", GEN_PROMPTS="/x/a.jsonl.gz", CACHE_GB="4")
-        assert calls
+        out, calls, _ = run_script(tmp_path, name="qwen15-wide", GEN_PROMPTS="/x/a.jsonl.gz", CACHE_GB="4", MEM_GB="60")
+        assert calls and any("--cache-gb 4 --memory-gb 60" in c for c in calls)
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -792,7 +792,7 @@ def test_bfloat16_compute_trains_float32_weights_with_nearly_the_same_loss_and_g
     before = {k: mx.array(v) for k, v in tree_flatten(head.trainable_parameters())}
     ids, lengths, anchors = next(b for b in iter(lambda: _training_batch(data, random.Random(0), cfg32), 0) if b is not None)
     inputs = (ids, anchors, lengths)
-    taps_cat, labels, rows = step_inputs(target, c, cfg32, *inputs)
+    taps_cat, labels, rows, _ = step_inputs(target, c, cfg32, *inputs)
     lm_head = dense_lm_head(target)
     args = (taps_cat, ids, anchors, lengths, labels, rows)
     l32, g32 = head_loss_and_grad(head, c, target, lm_head, cfg32)(head, *args)
@@ -935,3 +935,99 @@ def test_the_cards_command_pastes_into_a_shell(tiny_dirs, tmp_path, monkeypatch)
     assert r.exit_code == 0, r.output
     command = next(line for line in (out / "README.md").read_text().splitlines() if line.startswith("- Command: "))
     assert "--mix '*code*=2'" in command and shlex.split(command.split("`")[1])[1:] == args
+
+
+def test_the_targets_top_tokens_are_its_distribution_renormalized(tiny_dirs):
+    """Target.taps_predictions_and_top (distill --soft-labels): at every position the k most likely
+    next tokens, the greedy one among them, with probabilities that are the model's own softmax
+    renormalized over those k; at k = the vocabulary, the whole softmax."""
+    import mlx.core as mx
+
+    target, _ = load_target_as_is(str(tiny_dirs["qwen3"]))
+    ids = mx.array([[(11 * i + 5) % target.vocab_size for i in range(20)]], dtype=mx.uint32)
+    full = mx.softmax(target.model(ids).astype(mx.float32), axis=-1)  # (1, 20, V)
+    taps, preds, top, probs = target.taps_predictions_and_top(ids, [0, 1], target.vocab_size)
+    assert sorted(taps) == [0, 1] and preds.tolist() == mx.argmax(full, axis=-1).tolist()
+    assert mx.allclose(mx.take_along_axis(full, top.astype(mx.int32), axis=-1), probs, atol=1e-5).item()
+    _, preds3, top3, probs3 = target.taps_predictions_and_top(ids, [0], 3)
+    assert top3.shape == (1, 20, 3) and mx.allclose(probs3.sum(axis=-1), mx.ones((1, 20)), atol=1e-5).item()
+    assert all(p in row for p, row in zip(preds3[0].tolist(), top3[0].tolist()))
+    chosen = mx.take_along_axis(full, top3.astype(mx.int32), axis=-1)
+    assert mx.allclose(chosen / chosen.sum(axis=-1, keepdims=True), probs3, atol=1e-5).item()
+    with pytest.raises(ValueError, match="between 1 and the vocabulary size"):
+        target.taps_predictions_and_top(ids, [0], 0)
+
+
+def test_soft_labels_of_one_token_are_the_hard_loss_and_the_loss_is_linear_in_them(tiny_dirs, trained):
+    """block_loss_terms with soft labels: the cross-entropy against a distribution over k tokens.
+    All the probability on the greedy token gives the hard loss exactly; a mixture of two
+    one-token label sets gives the mixture of their losses; projecting only the labelled slots
+    (`labelled_rows`, distill's way) changes nothing."""
+    import mlx.core as mx
+
+    from dspark_lab.lab.distill import block_loss_terms, labelled_rows, slot_targets
+
+    target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], trained, drafter_bits=16)
+    c, t = drafter.config, drafter.config.target_layer_ids
+    row = next(json.loads(line) for line in (trained / "data.jsonl").read_text().splitlines())
+    ids = mx.array([row["ids"]], dtype=mx.uint32)
+    n = len(row["ids"])
+    taps, preds = target.taps_and_predictions(ids, t)
+    cat = mx.concatenate([taps[x] for x in t], axis=-1)
+    anchors = mx.array([list(range(row["prompt_len"] - 1, n - c.block_size - 1))], dtype=mx.int32)
+    length = mx.array([n])
+
+    def terms(soft, rows=None):
+        total, weight = block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, ids, anchors, length, 0.8,
+                                         preds, True, rows, soft)
+        return total.item(), weight.item()
+
+    ones = mx.ones((*preds.shape, 1))
+    hard = terms(None)
+    assert terms((preds[..., None], ones)) == pytest.approx(hard, rel=1e-5)
+    other = (preds + 1) % target.vocab_size
+    mixed = terms((mx.stack([preds, other], axis=-1), mx.broadcast_to(mx.array([0.3, 0.7]), (*preds.shape, 2))))
+    alone = terms((other[..., None], ones))
+    assert mixed[0] == pytest.approx(0.3 * hard[0] + 0.7 * alone[0], rel=1e-5) and mixed[1] == pytest.approx(hard[1])
+    assert alone[0] > hard[0]  # the trained head puts less on the wrong token than on the target's
+    weight = slot_targets(c, ids, anchors, length, 0.8, preds, True)[2]
+    soft = (mx.stack([preds, other], axis=-1), mx.broadcast_to(mx.array([0.3, 0.7]), (*preds.shape, 2)))
+    assert terms(soft, labelled_rows(weight, multiple=16)) == pytest.approx(mixed, rel=1e-5)
+    with pytest.raises(ValueError, match="soft labels come with the greedy labels"):
+        block_loss_terms(drafter.head, c, target.embed, target.head_logits, cat, ids, anchors, length, 0.8, None, False, None, soft)
+
+
+def test_a_soft_label_run_trains_a_lossless_head_and_says_so_on_its_card(tiny_dirs, tmp_path):
+    out = tmp_path / "head"
+    """The soft loss keeps the target's own entropy over its top 8 (high for a random target), so it
+    falls less far than the hard loss; what it is for is the head's drafts, measured here."""
+    distill(config(tiny_dirs["qwen3"], out, soft_labels=8, eval_every=100), progress=False, say=lambda m: None)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 30 and sum(e["loss"] for e in log[-10:]) / 10 < 0.8 * sum(e["loss"] for e in log[:5]) / 5
+    assert log[-1]["mean_accept_len"] >= 3.5  # of at most 4.67 at block 4 (4.67 measured); the untrained head: 1.97
+    assert "next-token distribution over its 8 most likely tokens" in (out / "README.md").read_text()
+    target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], out, max_draft_tokens=4)
+    for p in PROMPTS[:3]:
+        r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, lookup_drafts=False)
+        assert r.token_ids == greedy_generate(target, tok, p, max_new_tokens=24).token_ids
+
+
+def test_soft_labels_need_the_targets_labels_and_a_sensible_count(tiny_dirs, tmp_path):
+    with pytest.raises(InputError, match="needs --labels target"):
+        config(tiny_dirs["qwen3"], tmp_path / "x", labels="data", soft_labels=8)
+    with pytest.raises(InputError, match="--soft-labels must be >= 0"):
+        config(tiny_dirs["qwen3"], tmp_path / "x", soft_labels=-1)
+    with pytest.raises(InputError, match="is more than the target's vocabulary"):
+        distill(config(tiny_dirs["qwen3"], tmp_path / "y", soft_labels=10**6), progress=False, say=lambda m: None)
+    assert not (tmp_path / "y" / "data.jsonl").exists()  # refused before any data was made
+
+
+def test_memory_gb_sets_mlxs_memory_limit_beside_the_cache_cap(tiny_dirs, tmp_path, monkeypatch):
+    """--memory-gb and --cache-gb: what let two runs share one H200 (twenty-seventh round)."""
+    limits = {}
+    monkeypatch.setattr(mx, "set_memory_limit", lambda n: limits.setdefault("memory", n))
+    monkeypatch.setattr(mx, "set_cache_limit", lambda n: limits.setdefault("cache", n))
+    distill(config(tiny_dirs["qwen3"], tmp_path / "h", steps=2, eval_every=100, memory_gb=60, cache_gb=4), progress=False, say=lambda m: None)
+    assert limits == {"memory": 60 * 2**30, "cache": 4 * 2**30}
+    with pytest.raises(InputError, match="--memory-gb >= 0"):
+        config(tiny_dirs["qwen3"], tmp_path / "x", memory_gb=-1)

@@ -270,3 +270,16 @@ def test_distill_step_benchmark_times_float32_and_bfloat16_compute(tiny_dirs, tm
     with pytest.raises(SystemExit):
         mod.main(common + ["--compute", "float16"])
     assert "--compute must be float32 or bfloat16" in capsys.readouterr().err
+
+
+def test_distill_step_benchmark_times_soft_labels_beside_the_greedy_token(tiny_dirs, tmp_path):
+    """--soft-labels 0,4: distill's soft labels timed beside the hard ones on the same head and
+    batches; projecting only the labelled slots gives the same soft loss as projecting every slot."""
+    mod = load_script("distill_step")
+    data = _step_data(tmp_path, seed=3, length=100)
+    out = mod.main(["--model", str(tiny_dirs["qwen3"]), "--data", str(data), "--seqs", "2", "--anchors", "16", "--block", "4",
+                    "--layers", "1", "--markov-rank", "8", "--max-len", "128", "--steps", "1", "--soft-labels", "0,4"])
+    assert [(r["soft_labels"], r["gather"]) for r in out] == [(0, False), (0, True), (4, False), (4, True)]
+    assert all(r["target_forward_ms"] > 0 and 0 < r["loss"] < 50 for r in out)
+    assert out[3]["loss"] == pytest.approx(out[2]["loss"], abs=2e-3)
+    assert out[2]["loss"] != pytest.approx(out[0]["loss"], abs=1e-3)  # another objective, not the hard one relabelled

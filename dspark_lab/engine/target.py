@@ -376,6 +376,20 @@ class Target:
         outs, hidden = self._batch_forward(ids, taps)
         return outs, mx.argmax(self._logits(hidden), axis=-1).astype(mx.uint32)
 
+    def taps_predictions_and_top(self, ids: mx.array, taps: Sequence[int], k: int):
+        """`taps_and_predictions` plus, at every position, the model's k most likely next tokens
+        (B, L, k) and their probabilities renormalized over those k (float32, summing to 1): the
+        soft labels of `distill --soft-labels k`, from the same forward. The k tokens come in no
+        particular order; the greedy prediction is always among them."""
+        outs, hidden = self._batch_forward(ids, taps)
+        logits = self._logits(hidden)
+        vocab = logits.shape[-1]
+        if not 1 <= k <= vocab:
+            raise ValueError(f"k must be between 1 and the vocabulary size ({vocab}), got {k}")
+        top = mx.argpartition(logits, kth=vocab - k, axis=-1)[..., vocab - k :]
+        probs = mx.softmax(mx.take_along_axis(logits, top, axis=-1).astype(mx.float32), axis=-1)
+        return outs, mx.argmax(logits, axis=-1).astype(mx.uint32), top.astype(mx.uint32), probs
+
     def _batch_forward(self, ids: mx.array, taps: Sequence[int]) -> tuple[dict[int, mx.array], mx.array]:
         self._recorder.wanted = frozenset(taps)
         self._recorder.outputs = {}

@@ -86,11 +86,16 @@ class DistillConfig:
     corpus: str = ""  # conversations to read instead of generate (sharegpt:PATH), see lab/corpus.py
     corpus_tokens: int = 0  # answer tokens to take from the corpus
     labels: str = "target"  # "target": the target's own greedy prediction at every position; "data": the stored next token
+    # > 0 (with --labels target): each slot learns the target's whole next-token distribution over
+    # its this-many most likely tokens (renormalized) instead of its one greedy token: the
+    # cross-entropy against soft labels, as EAGLE-style heads are trained (see block_loss_terms).
+    soft_labels: int = 0
     data_only: bool = False  # stop once data.jsonl is made (prepare on one machine, train on another)
     init: str = ""  # a head directory (a distill output) whose weights training starts from, with a fresh optimizer
     save_dtype: str = "bfloat16"  # dtype of the saved head (float32 doubles its size)
     slot_decay: float = 0.8  # weight of block slot k in the loss is slot_decay**k (early slots decide acceptance)
     cache_gb: float = 0.0  # > 0: cap MLX's cache of freed buffers (GB), so runs sharing one GPU do not run it out of memory
+    memory_gb: float = 0.0  # > 0: MLX's memory limit (GB); two runs on one H200 needed both caps (4 and 60 GB, docs/performance.md)
     chain_slots: bool = True  # with --labels target: slot k trains only where the text after the anchor is the target's own greedy tokens up to it
     target_weights: str = "auto"  # the target's weights for data and training: auto, dequantized or as-loaded (see training_target)
     compute_dtype: str = "float32"  # the head's forward and backward: float32, or bfloat16 on copies of float32 weights (see head_loss_and_grad)
@@ -112,12 +117,15 @@ class DistillConfig:
             raise InputError("no training data asked for: give --tokens (generated) or --corpus with --corpus-tokens (read).")
         if self.labels not in ("target", "data"):
             raise InputError(f"--labels must be target or data, got {self.labels!r}.")
+        if self.soft_labels < 0 or (self.soft_labels and self.labels != "target"):
+            raise InputError(f"--soft-labels must be >= 0 (0: the greedy token alone) and needs --labels target (the target's "
+                             f"own distribution at every position), got --soft-labels {self.soft_labels} with --labels {self.labels}.")
         if self.block < 2:
             raise InputError("--block must be >= 2 (an anchor and at least one mask slot).")
         if self.anchors < self.seqs:
             raise InputError(f"--anchors ({self.anchors}) must be at least --seqs ({self.seqs}): every sequence needs an anchor.")
-        if self.batch < 1 or self.max_len < 2 * PAD_TO or min(self.minutes, self.data_minutes, self.warmup, self.cache_gb) < 0:
-            raise InputError(f"--batch must be >= 1, --max-len >= {2 * PAD_TO}, and --minutes, --data-minutes, --warmup, --cache-gb >= 0.")
+        if self.batch < 1 or self.max_len < 2 * PAD_TO or min(self.minutes, self.data_minutes, self.warmup, self.cache_gb, self.memory_gb) < 0:
+            raise InputError(f"--batch must be >= 1, --max-len >= {2 * PAD_TO}, and --minutes, --data-minutes, --warmup, --cache-gb, --memory-gb >= 0.")
         if not 0 < self.slot_decay <= 1:
             raise InputError(f"--slot-decay must be in (0, 1], got {self.slot_decay}.")
         if self.save_dtype not in ("bfloat16", "float16", "float32"):
@@ -437,6 +445,19 @@ def slot_targets(c: DSparkConfig, tokens, anchors, length=None, slot_decay: floa
     return targets, prev, valid * (slot_decay ** mx.arange(bs, dtype=mx.float32))
 
 
+def slot_soft(c: DSparkConfig, soft, anchors, length: int):
+    """The soft labels of every block slot: (top ids, probabilities), each (B, A, block, k),
+    gathered from the target's (B, L, k) at the positions `slot_targets` takes slot labels from."""
+    B, bs = anchors.shape[0], c.block_size
+    pos = mx.minimum(anchors[..., None] + mx.arange(bs), length - 1).reshape(B, -1, 1)  # (B, A * bs, 1)
+
+    def at(src):
+        k = src.shape[-1]
+        return mx.take_along_axis(src, mx.broadcast_to(pos, (B, pos.shape[1], k)), axis=1).reshape(*anchors.shape, bs, k)
+
+    return at(soft[0]), at(soft[1])
+
+
 def labelled_rows(weight: mx.array, multiple: int = 256) -> tuple[mx.array, mx.array]:
     """The flat indices of the block slots that carry weight, padded to a multiple of `multiple`
     (few distinct shapes: on CUDA each new shape compiles its kernels first), and a 0/1 mask
@@ -454,34 +475,40 @@ def labelled_rows(weight: mx.array, multiple: int = 256) -> tuple[mx.array, mx.a
 
 
 def step_inputs(target: Target, c: DSparkConfig, cfg: DistillConfig, ids, anchors, lengths, gather: bool = True):
-    """The target's side of a training step, evaluated: (taps_cat, labels, rows). labels are the
-    target's greedy predictions (None with --labels data); rows the step's labelled slots
+    """The target's side of a training step, evaluated: (taps_cat, labels, rows, soft). labels
+    are the target's greedy predictions (None with --labels data); rows the step's labelled slots
     (`labelled_rows`), known only once the target's forward has run, or None with gather=False
-    (every slot projected; benchmarks/distill_step.py compares the two)."""
-    if cfg.labels == "target":
+    (every slot projected; benchmarks/distill_step.py compares the two); soft, with
+    --soft-labels k, the target's k most likely tokens and their probabilities at every
+    position (None without)."""
+    soft = None
+    if cfg.labels == "target" and cfg.soft_labels:
+        taps, labels, top, probs = target.taps_predictions_and_top(ids, c.target_layer_ids, cfg.soft_labels)
+        soft = (top, probs)
+    elif cfg.labels == "target":
         taps, labels = target.taps_and_predictions(ids, c.target_layer_ids)
     else:
         taps, labels = target.taps_batch(ids, c.target_layer_ids), None
     taps_cat = mx.stop_gradient(mx.concatenate([taps[t] for t in c.target_layer_ids], axis=-1))
     if not gather:
-        mx.eval([a for a in (taps_cat, labels) if a is not None])
-        return taps_cat, labels, None
+        mx.eval([a for a in (taps_cat, labels, soft) if a is not None])
+        return taps_cat, labels, None, soft
     weight = slot_targets(c, ids, anchors, lengths, cfg.slot_decay, labels, cfg.chain_slots)[2]
-    mx.eval(taps_cat, weight)
-    return taps_cat, labels, labelled_rows(weight)
+    mx.eval([a for a in (taps_cat, weight, soft) if a is not None])
+    return taps_cat, labels, labelled_rows(weight), soft
 
 
 def head_loss_and_grad(head: DSparkHead, c: DSparkConfig, target: Target, lm_head, cfg: DistillConfig):
     """The head's training loss and its gradient, as a function of
-    (head, taps_cat, ids, anchors, lengths, labels, rows).
+    (head, taps_cat, ids, anchors, lengths, labels, rows, soft).
 
     With cfg.compute_dtype "bfloat16" the forward and backward run on bfloat16 copies of the
     head's float32 weights (mixed precision: the gradient comes back through the cast as float32,
     and the optimizer updates the float32 weights, so small updates are not rounded away). The
     head then multiplies at bfloat16 speed and moves half the bytes; the cross-entropy is still
     taken in float32. The taps and the vocabulary projection are bfloat16 either way."""
-    def loss(h, t, x, a, n, y, r):
-        return block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots, r)
+    def loss(h, t, x, a, n, y, r, s=None):
+        return block_loss(h, c, target.embed, lm_head, t, x, a, n, cfg.slot_decay, y, cfg.chain_slots, r, s)
 
     if cfg.compute_dtype == "float32":
         return nn.value_and_grad(head, loss)
@@ -504,7 +531,7 @@ def head_loss_and_grad(head: DSparkHead, c: DSparkConfig, target: Target, lm_hea
 
 
 def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None,
-                     slot_decay: float = 1.0, labels=None, chain: bool = False, rows=None) -> tuple[mx.array, mx.array]:
+                     slot_decay: float = 1.0, labels=None, chain: bool = False, rows=None, soft=None) -> tuple[mx.array, mx.array]:
     """(sum of weighted cross-entropies, sum of weights) of every block slot's prediction,
     slot k weighted by slot_decay**k: a draft is accepted only up to its first miss, so the
     early slots are worth more than the late ones.
@@ -524,6 +551,13 @@ def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat
     inference never meets (the head sees only masks there, so it cannot tell). Slot 0 always
     counts; on the target's own greedy output every slot does.
 
+    `soft` (with labels: the target's top-k tokens and their renormalized probabilities at every
+    position, (B, L, k) each, from `Target.taps_predictions_and_top`): slot k's loss is the
+    cross-entropy against that distribution, logsumexp(logits) - sum_j p_j * logits[token_j],
+    instead of against labels[anchor + k] alone. The weights and the Markov term's inputs stay
+    the greedy labels' (which slots inference verifies does not change). At k = 1 this is the
+    hard loss; it is linear in the probabilities (tests/test_distill.py checks both).
+
     `rows` (from `labelled_rows`: flat slot indices and their 0/1 padding mask): project only
     those slots to the vocabulary. Slots without weight add nothing to the loss or its gradient,
     so the result is the same (up to summation order) at a fraction of the cost.
@@ -535,25 +569,37 @@ def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat
     if tokens.ndim == 1:
         tokens, taps_cat, anchors = tokens[None], taps_cat[None], anchors[None]
         labels = None if labels is None else labels[None]
+        soft = None if soft is None else (soft[0][None], soft[1][None])
         length = None if length is None else mx.array([length])
+    if soft is not None and labels is None:
+        raise ValueError("soft labels come with the greedy labels (labels=) they were taken beside")
     ctx = head.hidden_norm(head.fc(taps_cat))
     hidden = _block_forward(head, c, embed, ctx, tokens, anchors)  # (B, A, bs, H)
     targets, prev, weight = slot_targets(c, tokens, anchors, length, slot_decay, labels, chain)
+    if soft is not None:
+        soft = slot_soft(c, soft, anchors, tokens.shape[1])
     if rows is not None:
         index, keep = rows
         hidden = hidden.reshape(-1, hidden.shape[-1])[index]
         targets, prev, weight = targets.reshape(-1)[index], prev.reshape(-1)[index], weight.reshape(-1)[index] * keep
+        if soft is not None:
+            soft = tuple(x.reshape(-1, x.shape[-1])[index] for x in soft)
     logits = lm_head(hidden).astype(mx.float32)  # (B, A, bs, V), or (rows, V)
     if c.markov_rank:
         logits = logits + head.markov_head.markov_w2(head.markov_head.markov_w1(prev))
-    ce = nn.losses.cross_entropy(logits, targets, reduction="none")
+    if soft is None:
+        ce = nn.losses.cross_entropy(logits, targets, reduction="none")
+    else:
+        top, probs = soft
+        picked = mx.take_along_axis(logits, top.astype(mx.int32), axis=-1)
+        ce = mx.logsumexp(logits, axis=-1) - (probs * picked).sum(axis=-1)
     return (ce * weight).sum(), weight.sum()
 
 
 def block_loss(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat, tokens, anchors, length=None, slot_decay: float = 1.0,
-               labels=None, chain: bool = False, rows=None):
+               labels=None, chain: bool = False, rows=None, soft=None):
     """Weighted mean cross-entropy of the block predictions (see `block_loss_terms`)."""
-    total, weight = block_loss_terms(head, c, embed, lm_head, taps_cat, tokens, anchors, length, slot_decay, labels, chain, rows)
+    total, weight = block_loss_terms(head, c, embed, lm_head, taps_cat, tokens, anchors, length, slot_decay, labels, chain, rows, soft)
     return total / mx.maximum(weight, 1e-6)
 
 
@@ -726,6 +772,8 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         # its memory limit: on the H200 one run's cache grew past 50 GB, and two runs on one GPU
         # ran it out of memory.
         mx.set_cache_limit(int(cfg.cache_gb * 2**30))
+    if cfg.memory_gb:  # the cache cap alone let one run's live arrays and cache take 138 GB of the H200's 141
+        mx.set_memory_limit(int(cfg.memory_gb * 2**30))
     if cfg.data_only and cfg.tokens == 0:
         # Reading corpora is tokenizing alone: no weights, no probe, no dequantized copy (for a
         # 1.5B model on a 2-core CPU those took 4 of the 5 minutes of reading 3 M ShareGPT tokens).
@@ -736,6 +784,9 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
             "(read, not generated: the weights were not loaded); train with the same command without --data-only")
         return out
     target, tokenizer = load_target_as_is(cfg.model)
+    if cfg.soft_labels > target.vocab_size:
+        raise InputError(f"--soft-labels {cfg.soft_labels} is more than the target's vocabulary ({target.vocab_size} tokens); "
+                         "a few dozen hold nearly all of a next-token distribution's mass.")
     c = head_config(target, cfg)
     target.check_taps(c.target_layer_ids)
     target.probe(c.target_layer_ids)
@@ -787,8 +838,8 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
             if batch is None:
                 continue
             ids, lengths, anchors = batch
-            taps_cat, labels, rows = step_inputs(teacher, c, cfg, ids, anchors, lengths)
-            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, labels, rows)
+            taps_cat, labels, rows, soft = step_inputs(teacher, c, cfg, ids, anchors, lengths)
+            loss, grads = loss_and_grad(head, taps_cat, ids, anchors, lengths, labels, rows, soft)
             optimizer.learning_rate = learning_rate(cfg, step, time.perf_counter() - t0)
             optimizer.update(head, grads)
             mx.eval(head.parameters(), optimizer.state, loss)
@@ -831,7 +882,7 @@ def write_model_card(out: Path, cfg: DistillConfig, c: DSparkConfig, data, held,
     params = sum(v.size for _, v in tree_flatten(DSparkHead(c, c.hidden_size).parameters()))
     (out / "README.md").write_text(f"""# DSpark head for {cfg.model}
 
-Distilled by dspark-lab against the target's own greedy behaviour ({'its greedy prediction at every position' if cfg.labels == 'target' else 'the stored next tokens'}{', on its continuations of prompts' if cfg.tokens else ''}{' and on conversations it read (' + cfg.corpus + ')' if cfg.corpus else ''}).
+Distilled by dspark-lab against the target's own greedy behaviour ({'its greedy prediction at every position' if cfg.labels == 'target' and not cfg.soft_labels else f'its next-token distribution over its {cfg.soft_labels} most likely tokens at every position' if cfg.labels == 'target' else 'the stored next tokens'}{', on its continuations of prompts' if cfg.tokens else ''}{' and on conversations it read (' + cfg.corpus + ')' if cfg.corpus else ''}).
 
 - Command: `{cfg.command or 'dspark-lab distill ...'}`
 - Settings: {json.dumps({k: v for k, v in asdict(cfg).items() if k != 'command'})}
