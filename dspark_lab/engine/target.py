@@ -24,6 +24,7 @@ from mlx_lm.models import cache as cache_lib
 from ..errors import LoadError
 from .cache import BucketedKVCache
 from .compiled import MAX_WIDTH, OffsetForward, can_compile
+from .topk import top_k_indices
 
 # Largest relative logit difference the probe accepts between the tapped forward and the
 # model's own. Both run the same kernels on the same inputs, so on a healthy family the
@@ -383,10 +384,7 @@ class Target:
         particular order; the greedy prediction is always among them."""
         outs, hidden = self._batch_forward(ids, taps)
         logits = self._logits(hidden)
-        vocab = logits.shape[-1]
-        if not 1 <= k <= vocab:
-            raise ValueError(f"k must be between 1 and the vocabulary size ({vocab}), got {k}")
-        top = mx.argpartition(logits, kth=vocab - k, axis=-1)[..., vocab - k :]
+        top = top_k_indices(logits, k)
         probs = mx.softmax(mx.take_along_axis(logits, top, axis=-1).astype(mx.float32), axis=-1)
         return outs, mx.argmax(logits, axis=-1).astype(mx.uint32), top.astype(mx.uint32), probs
 
