@@ -24,7 +24,7 @@ def top_k_indices(x: mx.array, k: int, chunk: int = CHUNK) -> mx.array:
     if not 1 <= k <= vocab:
         raise ValueError(f"k must be between 1 and the vocabulary size ({vocab}), got {k}")
     n = -(-vocab // chunk)
-    if 4 * k > n:  # few chunks: a direct partition is no larger than the two
+    if 4 * k > n:  # the k best chunks would hold over a quarter of the row: partition it directly
         return mx.argpartition(x, kth=vocab - k, axis=-1)[..., vocab - k :]
     lead = x.shape[:-1]
     if n * chunk != vocab:  # the last chunk padded with -inf, which no top k of a real row holds
