@@ -7,7 +7,7 @@
 # bfloat16 model.safetensors (15 MB for the SmolLM2 head).
 # A call returns at most 8 files of 16 MiB each, 64 MiB in all, so: config.json, the weights
 # (whole, or in 15 MB parts, see below),
-# and one results.tar.gz with the card, the evaluation and timing JSON (precision.json: GRID; sweep.json: SWEEP), every log, the requests the
+# and one results.tar.gz with the card, the evaluation and timing JSON (precision.json: GRID; sweep.json: SWEEP; held.json: HELD), every log, the requests the
 # target wrote itself (SELF_INSTRUCT), and the data's
 # generated rows made on the device (the target's own continuations: made on the GPU's clock, lost
 # with the machine otherwise; the shipped rows and the read corpus rows are left out, this side has them).
@@ -118,7 +118,7 @@ calls=$(( $(cat "$snap/calls" 2>/dev/null || echo 0) + 1 )); echo "$calls" > "$s
 skip_rows=""
 [ $((calls % 4)) -ne 0 ] && [ -n "$pending" ] && [ -n "$rows_sum" ] && [ "$rows_sum" = "$(cat "$snap/rows_sent" 2>/dev/null)" ] && skip_rows=1
 files=$(cd "$run" && ls generated.jsonl README.md eval.json pipeline.json overlap.json train_log.jsonl distill.log eval.log timing.log \
-  self_instruct.log self_*.jsonl.gz quantize.log eval_float.json eval_float.log precision.json precision.log sweep.json sweep.log ${HEAD:+$HEAD/README.md} 2>/dev/null | { if [ -n "$skip_rows" ]; then grep -vx generated.jsonl; else cat; fi })
+  self_instruct.log self_*.jsonl.gz quantize.log eval_float.json eval_float.log held.json held.log precision.json precision.log sweep.json sweep.log ${HEAD:+$HEAD/README.md} 2>/dev/null | { if [ -n "$skip_rows" ]; then grep -vx generated.jsonl; else cat; fi })
 if [ -n "$files" ]; then
   tar czf "$out/results.tar.gz" -C "$run" $files
   [ -z "$skip_rows" ] && [ -n "$rows_sum" ] && echo "$rows_sum" > "$snap/rows_sent"

@@ -146,6 +146,16 @@ evaluate() {  # evaluate HEAD_DIR BITS JSON LOG: the held-out sets, greedy, toke
   echo "$name eval ($2 bits) rc=$? at ${SECONDS}s"; grep "mean accept\|identical" "$4"
 }
 evaluate "$head" "$bits" "$run/eval.json" "$run/eval.log"
+# HELD=FILE (rows this target wrote greedily that no head trained on: /root/ship/data/held30_qwen15.jsonl.gz
+# from docs/results): the kept head's teacher-forced accept length at every answer position of
+# HELD_ROWS of them (benchmarks/block_accept.py: per anchor, what a decode accepts in a round
+# starting there), and INIT's head beside it on the same anchors, paired: tens of thousands of
+# anchors, where the evaluation above decodes 24 prompts.
+if [ -n "${HELD:-}" ]; then
+  python3 benchmarks/block_accept.py --model "$model" ${INIT:+--head "$INIT"} --head "$head" --drafter-bits "$bits" --data "$HELD" \
+    --rows "${HELD_ROWS:-0}" --cap "$cap" --json "$run/held.json" > "$run/held.log" 2>&1
+  echo "$name held-out rows rc=$? at ${SECONDS}s"; grep "mean accept\| - " "$run/held.log"
+fi
 # TIMING: overlap (launch_overlap.py at launch_every 0 and 4), pipeline (pipeline_speed.py: mlx_lm,
 # greedy, the plain loop and dspark-pipe side by side, and with DQ=1, the default, the same on a
 # dequantized copy of the target; ARMS=dspark,pipe+cd: only those speculative arms), or none

@@ -240,3 +240,16 @@ def test_a_finished_or_dead_run_does_not_block_the_next(tmp_path):
     (dead / ".pid").write_text("999999999\n")  # no such process: a run that crashed
     out, calls, _ = run_script(tmp_path, GEN_PROMPTS="/x/a.jsonl.gz")
     assert calls
+
+
+def test_held_rows_measure_the_kept_head_beside_init_on_the_same_anchors(tmp_path):
+    out, calls, run = run_script(tmp_path, name="qwen15-soft", HELD="/root/ship/data/held30_qwen15.jsonl.gz",
+                                 INIT="/root/ship/data/head", QUANT="4")
+    held = [c for c in calls if "block_accept.py" in c]
+    assert len(held) == 1 and "held-out rows rc=0" in out
+    assert (f"--head /root/ship/data/head --head {run}/q4 --drafter-bits 4 --data /root/ship/data/held30_qwen15.jsonl.gz "
+            f"--rows 0 --cap 7 --json {run}/held.json") in held[0]
+    assert calls.index(held[0]) == next(i for i, c in enumerate(calls) if "lossless_check.py" in c) + 1  # right after the evaluation
+    (tmp_path / "none").mkdir()
+    out, calls, _ = run_script(tmp_path / "none", name="qwen15")
+    assert not any("block_accept.py" in c for c in calls)

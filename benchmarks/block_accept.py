@@ -1,0 +1,117 @@
+"""Teacher-forced accept length of one or more DSpark heads on rows the target wrote greedily.
+
+    python benchmarks/block_accept.py --model MODEL --head A [--head B ...] --data ROWS.jsonl(.gz) \
+        [--rows 400] [--cap 7] [--drafter-bits 4] [--seed 0] [--json OUT.json]
+
+At every answer position of each row (a distill data file's generated rows, or any JSONL of
+{"ids", "prompt_len"} rows, "set" and "prompt_id" optional), the number of the head's drafts
+greedy verification would accept there (dspark_lab/lab/block_accept.py: per anchor it is exactly
+what `speculative_generate` accepts in a round starting there). Per head: the mean over all
+anchors, per set and per draft position, with a 95% bootstrap interval over rows; with two or
+more heads, each head's difference from the first, paired row by row on the same anchors (the
+interval of a paired difference is narrow where the heads' per-row means move together).
+Rows must not be in the heads' training data: a distill run's rows are not held out, a later
+round's generated rows are (e.g. `docs/results/held30_qwen15.jsonl.gz`, never trained on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from unanswered_prompts import read_jsonl  # noqa: E402
+
+
+def bootstrap(values: np.ndarray, weights: np.ndarray, n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% interval of sum(values) / sum(weights), resampling rows."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(values), size=(n, len(values)))
+    stats = values[idx].sum(axis=1) / np.maximum(weights[idx].sum(axis=1), 1)
+    return float(np.quantile(stats, 0.025)), float(np.quantile(stats, 0.975))
+
+
+def summarize(per_row: list, cap: int) -> dict:
+    from dspark_lab.lab.block_accept import mean_accept
+
+    anchors = np.array([r.anchors for r in per_row], dtype=float)
+    accepted = np.array([r.accepted for r in per_row], dtype=float)
+    lo, hi = bootstrap(accepted, anchors)
+    sets = sorted({r.set for r in per_row})
+    n = anchors.sum()
+    return {"mean_accept": mean_accept(per_row), "ci": [1 + lo, 1 + hi], "anchors": int(n), "rows": len(per_row),
+            "per_position": [sum(r.through[j] for r in per_row) / n if n else None for j in range(cap)],
+            "by_set": {s: mean_accept([r for r in per_row if r.set == s]) for s in sets},
+            # every row's anchors and accepted drafts, so any two heads measured on the same rows
+            # (in this run or another) can be compared pair by pair later
+            "per_row": [[r.prompt_id, r.anchors, r.accepted] for r in per_row]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--head", action="append", required=True, help="a DSpark head folder (repeat to compare)")
+    ap.add_argument("--data", type=Path, required=True, help="rows the target wrote greedily, not trained on")
+    ap.add_argument("--rows", type=int, default=400, help="rows drawn at random from the file (0: all)")
+    ap.add_argument("--cap", type=int, default=7)
+    ap.add_argument("--drafter-bits", type=int, default=4)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    if not a.data.is_file():
+        ap.error(f"--data {a.data}: no such file")
+    rows = [r for r in read_jsonl(a.data) if "ids" in r and "prompt_len" in r]
+    if not rows:
+        ap.error(f"--data {a.data}: no rows with ids and prompt_len")
+    if a.rows and a.rows < len(rows):
+        rows = random.Random(a.seed).sample(rows, a.rows)
+
+    from rich.progress import track
+
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.engine.loading import load_target
+    from dspark_lab.lab.block_accept import row_accept
+
+    target, _ = load_target(a.model)
+    results, per_head = {}, []
+    for head in a.head:
+        drafter = load_dspark(head, target, bits=a.drafter_bits)
+        per_row = [row_accept(target, drafter, r, a.cap, a.max_len) for r in track(rows, description=Path(head).name)]
+        per_head.append(per_row)
+        s = summarize(per_row, min(a.cap, drafter.config.max_drafts))
+        results[head] = s
+        sets = ", ".join(f"{k} {v:.3f}" for k, v in s["by_set"].items())
+        print(f"{head}: mean accept {s['mean_accept']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}] over {s['anchors']} anchors "
+              f"in {s['rows']} rows ({sets}); accepted through draft position 1..: "
+              + " ".join(f"{x:.2f}" for x in s["per_position"]), flush=True)
+    diffs = {}
+    base = per_head[0]
+    for head, per_row in zip(a.head[1:], per_head[1:]):
+        if any(o.anchors != b.anchors for o, b in zip(per_row, base)):
+            raise SystemExit(f"{head} and {a.head[0]} were measured at different anchors (one drafts fewer than --cap "
+                             f"{a.cap} tokens): compare them at a --cap both reach")
+        anchors = np.array([r.anchors for r in base], dtype=float)
+        delta = np.array([o.accepted - b.accepted for o, b in zip(per_row, base)], dtype=float)
+        lo, hi = bootstrap(delta, anchors, seed=a.seed + 1)
+        d = results[head]["mean_accept"] - results[a.head[0]]["mean_accept"]
+        diffs[head] = {"minus": a.head[0], "difference": d, "ci": [lo, hi]}
+        print(f"{head} - {a.head[0]}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired over the same anchors)")
+    out = {"model": a.model, "data": str(a.data), "rows": len(rows), "cap": a.cap, "drafter_bits": a.drafter_bits,
+           "heads": results, "differences": diffs}
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Teacher-forced accept length: how many of a DSpark head's drafts greedy verification would
+accept at every position of text the target wrote greedily, from one target forward and one head
+pass per row instead of a decode per prompt.
+
+At an anchor a (a committed token whose context before it the drafter has) the head drafts token
+j for position a + j + 1. Greedy verification accepts draft j when it and every draft before it
+are the target's greedy tokens there. On the target's own greedy text those are the stored
+tokens, and the target's predictions come from one forward over the row
+(`Target.taps_and_predictions`); the head's teacher-forced block is the block inference drafts
+from the same context (`distill._block_forward`, tests/test_distill.py). So
+
+    accepted(a) = the number of leading drafts j < cap with draft_j == label[a + j],
+
+and that round commits accepted + 1 tokens (tests/test_block_accept.py checks this against
+`speculative_generate`'s rounds, anchor by anchor). Every answer position is an anchor, not only
+those a decode happens to visit: a few hundred rows give tens of thousands of anchors, and two
+heads compared on the same rows differ by far less noise than 8 prompts' decodes allow
+(docs/performance.md: checkpoints of one head moved by up to 0.29 a prompt). An anchor whose next
+cap - 1 stored tokens leave the target's greedy path (a tie the row's writer broke the other way,
+text it did not write greedily) is skipped: inference would verify other tokens there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from ..errors import InputError
+from .distill import _block_forward
+
+ANCHORS_PER_PASS = 512  # anchors per head pass over one row (its block attention grows with anchors x length)
+
+
+@dataclass
+class RowAccept:
+    prompt_id: str
+    set: str
+    anchors: int
+    accepted: int  # accepted drafts summed over the anchors
+    through: list[int] = field(default_factory=list)  # anchors whose drafts 0..j were all accepted, per j
+
+    @property
+    def mean_accept(self) -> float:
+        """Tokens a round commits at this row's anchors, on average (accepted drafts + 1)."""
+        return 1 + self.accepted / self.anchors if self.anchors else float("nan")
+
+
+def on_path_anchors(ids: list[int], labels: list[int], start: int, cap: int) -> list[int]:
+    """Anchors a >= start whose drafts 0..cap-1 can all be checked: label[a + cap - 1] exists and the
+    stored tokens a+1 .. a+cap-1 are the target's greedy tokens (label[a .. a+cap-2])."""
+    n = len(ids)
+    off = [i for i in range(n - 1) if ids[i + 1] != labels[i]]  # positions whose stored next token is off the path
+    good = []
+    j = 0
+    for a in range(start, n - cap + 1):
+        while j < len(off) and off[j] < a:
+            j += 1
+        if j == len(off) or off[j] > a + cap - 2:
+            good.append(a)
+    return good
+
+
+def accepted_at(target, drafter, ids: list[int], anchors: list[int], cap: int, labels: mx.array | None = None,
+                taps: dict | None = None) -> mx.array:
+    """(A, cap) 0/1: draft j at each anchor accepted (it and every draft before it are the target's
+    greedy tokens). `labels`/`taps`: the target's forward over `ids`, when the caller has it."""
+    c = drafter.config
+    if c.causal:
+        raise InputError(f"{drafter.name or 'this head'} has a causal block (DFlash lineage): the teacher-forced accept "
+                         "length covers DSpark heads with a bidirectional block; measure it by decoding (lossless_check.py).")
+    cap = min(cap, c.max_drafts)
+    x = mx.array([ids], dtype=mx.uint32)
+    if labels is None or taps is None:
+        taps, labels = target.taps_and_predictions(x, c.target_layer_ids)
+    ctx = drafter.fuse(taps)  # (1, L, H)
+    a = mx.array([anchors], dtype=mx.int32)
+    h = _block_forward(drafter.head, c, drafter.embed, ctx, x, a)[0, :, c.logits_start : c.logits_start + cap]  # (A, cap, H)
+    logits = drafter.lm_head(h)
+    if c.final_logit_softcapping:
+        logits = mx.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+    pos = a[0][:, None] + mx.arange(cap)  # (A, cap): draft j is checked against label[a + j]
+    want = labels[0][pos]
+    markov = getattr(drafter.head, "markov_head", None)
+    if markov is not None:  # prev_0 = the anchor's token, prev_j = draft j-1, which counts only where it was the label
+        prev = mx.concatenate([x[0][a[0]][:, None], want[:, :-1]], axis=1)
+        logits = logits + markov.markov_w2(markov.markov_w1(prev))
+    drafts = drafter._to_target_ids(mx.argmax(logits, axis=-1).astype(mx.uint32))
+    return mx.cumprod((drafts == want).astype(mx.int32), axis=-1)
+
+
+def row_accept(target, drafter, row: dict, cap: int, max_len: int = 1024) -> RowAccept:
+    """The teacher-forced accept length over one row's answer (the target's continuation)."""
+    c = drafter.config
+    cap = min(cap, c.max_drafts)
+    ids = list(row["ids"])[-max_len:]
+    start = max(1, row["prompt_len"] - (len(row["ids"]) - len(ids)))  # the first answer token: the first round's anchor
+    x = mx.array([ids], dtype=mx.uint32)
+    taps, labels = target.taps_and_predictions(x, c.target_layer_ids)
+    anchors = on_path_anchors(ids, labels[0].tolist(), start, cap)
+    through = [0] * cap
+    for i in range(0, len(anchors), ANCHORS_PER_PASS):
+        got = accepted_at(target, drafter, ids, anchors[i : i + ANCHORS_PER_PASS], cap, labels, taps)
+        for j, v in enumerate(got.sum(axis=0).tolist()):
+            through[j] += int(v)
+    return RowAccept(str(row.get("prompt_id", "")), str(row.get("set", "")), len(anchors), sum(through), through)
+
+
+def mean_accept(rows: list[RowAccept]) -> float:
+    """Over every anchor of the rows (not a mean of row means)."""
+    n = sum(r.anchors for r in rows)
+    return 1 + sum(r.accepted for r in rows) / n if n else float("nan")

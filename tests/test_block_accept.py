@@ -1,0 +1,116 @@
+"""lab/block_accept: the teacher-forced accept length of a DSpark head on the target's own greedy
+text is what greedy speculative decoding accepts, round by round."""
+
+import json
+
+import mlx.core as mx
+import pytest
+
+from conftest import PROMPTS
+from dspark_lab import greedy_generate, load_pair, speculative_generate
+from dspark_lab.engine.text import encode_prompt
+from dspark_lab.lab.block_accept import accepted_at, mean_accept, on_path_anchors, row_accept
+from dspark_lab.lab.distill import DistillConfig, distill
+
+CAP = 4
+
+
+@pytest.fixture(scope="module")
+def head(tiny_dirs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("block-accept") / "head"
+    distill(DistillConfig(model=str(tiny_dirs["qwen3"]), out=str(out), block=5, layers=1, markov_rank=32, tokens=300,
+                          max_new_tokens=30, steps=30, anchors=8, eval_every=100, checkpoint_every=100, held_out=1, lr=3e-3,
+                          warmup=3, prompts="code,math"), progress=False, say=lambda m: None)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["distilled", "repeat"])
+def test_each_rounds_accepted_drafts_are_the_teacher_forced_count_at_its_anchor(tiny_dirs, head, heads, kind):
+    """Decode greedily with a head (float32 on the CPU: no ties), then at exactly the anchors the
+    decode's rounds started from, count the teacher-forced accepts on the decoded text: the same
+    number, round by round. Both heads have a Markov term (rank 32; the vocabulary); the one that
+    favours repeating the last token gets partial accepts at every depth on this looping target."""
+    target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], head if kind == "distilled" else heads[kind], drafter_bits=16,
+                                        max_draft_tokens=CAP)
+    compared, depths = 0, set()
+    for p in PROMPTS[:6]:
+        r = speculative_generate(target, tok, drafter, p, max_new_tokens=48, max_draft_tokens=CAP, lookup_drafts=False)
+        assert r.token_ids == greedy_generate(target, tok, p, max_new_tokens=48).token_ids
+        ids = encode_prompt(tok, p) + r.token_ids
+        anchors, rounds, a = [], [], len(ids) - len(r.token_ids)  # round 0 drafts after the first generated token
+        for acc, drafted in zip(r.accept_lengths, r.draft_lengths):
+            if drafted == CAP and a + CAP - 1 <= len(ids) - 1:
+                anchors.append(a)
+                rounds.append(acc - 1)
+            a += acc
+        got = accepted_at(target, drafter, ids, anchors, CAP).sum(axis=-1).tolist()
+        assert got == rounds, p
+        compared += len(rounds)
+        depths |= set(rounds)
+    assert compared >= 30
+    if kind == "repeat":
+        assert {0, CAP} <= depths and depths & {1, 2, 3}  # none, all and some of a round's drafts accepted, each matched
+
+
+def test_a_rows_answer_is_measured_at_every_anchor_on_the_targets_path(tiny_dirs, head):
+    target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], head, drafter_bits=16, max_draft_tokens=CAP)
+    prompt = encode_prompt(tok, PROMPTS[0])
+    answer = greedy_generate(target, tok, PROMPTS[0], max_new_tokens=40).token_ids
+    row = {"ids": prompt + answer, "prompt_len": len(prompt), "set": "code", "prompt_id": "code-x"}
+    r = row_accept(target, drafter, row, CAP)
+    assert r.anchors == len(answer) - CAP + 1  # every answer position with CAP labels after it: all on the path
+    assert r.through == sorted(r.through, reverse=True) and r.accepted == sum(r.through)
+    assert 1 < r.mean_accept <= 1 + CAP and mean_accept([r, r]) == pytest.approx(r.mean_accept)
+    # Text the target did not write: anchors whose next tokens leave its path are skipped.
+    bent = dict(row, ids=row["ids"][:-20] + [(t + 1) % target.vocab_size for t in row["ids"][-20:]])
+    assert row_accept(target, drafter, bent, CAP).anchors < r.anchors
+
+
+def test_on_path_anchors_skip_only_what_cannot_be_checked():
+    ids = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    labels = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # the text is the greedy path
+    assert on_path_anchors(ids, labels, 2, 3) == [2, 3, 4, 5, 6, 7]  # a + 2 <= 9
+    off = labels[:5] + [0] + labels[6:]  # after position 5 the text leaves the path
+    # anchor a needs ids[a+1..a+2] on the path, i.e. no off position in a..a+1
+    assert on_path_anchors(ids, off, 2, 3) == [2, 3, 6, 7]
+
+
+def test_a_causal_head_is_refused_by_name(tiny_dirs, head):
+    target, _, drafter, _ = load_pair(tiny_dirs["qwen3"], head, drafter_bits=16)
+    drafter.config.causal = True
+    try:
+        with pytest.raises(Exception, match="causal block"):
+            accepted_at(target, drafter, [1, 2, 3, 4, 5, 6, 7, 8], [2], CAP)
+    finally:
+        drafter.config.causal = False
+
+
+def test_the_benchmark_compares_heads_on_the_same_anchors(tiny_dirs, head, heads, tmp_path):
+    """benchmarks/block_accept.py: each head's mean over every anchor of the rows, per set and per
+    draft position, and the second head's paired difference from the first."""
+    import gzip
+
+    from scripts import load_script
+
+    target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], head, drafter_bits=16)
+    rows = []
+    for i, p in enumerate(PROMPTS[:6]):
+        prompt = encode_prompt(tok, p)
+        rows.append({"ids": prompt + greedy_generate(target, tok, p, max_new_tokens=32).token_ids, "prompt_len": len(prompt),
+                     "set": "code" if i % 2 else "chat", "prompt_id": f"p{i}"})
+    data = tmp_path / "held.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    mod = load_script("block_accept")
+    out = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"]), "--head", str(head), "--data", str(data),
+                    "--cap", str(CAP), "--drafter-bits", "16", "--json", str(tmp_path / "r.json")])
+    first, second = (out["heads"][str(h)] for h in (heads["repeat"], head))
+    assert first["rows"] == 6 and first["anchors"] == second["anchors"] > 100
+    assert set(first["by_set"]) == {"code", "chat"} and len(first["per_position"]) == CAP
+    for s in (first, second):
+        assert s["ci"][0] <= s["mean_accept"] <= s["ci"][1] and 1 <= s["mean_accept"] <= 1 + CAP
+    d = out["differences"][str(head)]
+    assert d["difference"] == pytest.approx(second["mean_accept"] - first["mean_accept"]) and d["ci"][0] <= d["difference"] <= d["ci"][1]
+    assert json.loads((tmp_path / "r.json").read_text()) == json.loads(json.dumps(out))
+    with pytest.raises(SystemExit):
+        mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--data", str(tmp_path / "none.jsonl")])
