@@ -1,7 +1,7 @@
 """One prompt file of the requests other models' rounds wrote, less those this model answered already.
 
     python benchmarks/borrow_prompts.py PROMPTS.jsonl.gz ... --model DIR --answered ROWS.jsonl.gz ... \
-        --out FILE.jsonl.gz [--seed 0]
+        --out FILE.jsonl.gz [--seed 0] [--count N]
 
 The 1.5B's head learns from 7,025 of its own answers, the 0.5B's from 38,261 (docs/performance.md,
 twenty-sixth round): most requests in the data were written by, and answered by, the 0.5B. Its
@@ -17,6 +17,9 @@ spending minutes writing new ones.
   request the model answered under another file's name is caught too.
 - The records are shuffled (SEED): a generation stopped by its clock answers the first records
   only, and shuffled that is an even share of every file rather than the first files whole.
+- `--count N` keeps the first N of the shuffled records: a fixed sample, e.g. held-out requests
+  whose answers no head trains on (list their answers under --answered from then on, so that no
+  later borrowed file asks them again).
 """
 
 from __future__ import annotations
@@ -60,7 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--answered", type=Path, nargs="*", default=[], help="rows files (distill data or generated rows)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--count", type=int, default=0, help="keep the first N shuffled requests (0: all)")
     a = ap.parse_args(argv)
+    if a.count < 0:
+        ap.error(f"--count must be >= 0 (0: every request), got {a.count}")
     if not (a.model / "config.json").is_file():
         ap.error(f"--model {a.model} is not a model folder (no config.json); pass the folder distill loads, e.g. "
                  "~/.cache/dspark-lab/models/qwen2.5-coder-1.5b-q4-bfloat16")
@@ -68,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     answered = answered_prompts(rows, a.model.name)
     print(f"{len(answered)} prompts answered by {a.model.name} in {len(rows)} rows")
     kept = borrow(a.prompt_files, load_tokenizer(a.model), answered, a.seed)
+    if a.count:
+        kept = kept[: a.count]
     write_prompt_file(a.out, kept)
     print(f"{len(kept)} requests -> {a.out}")
 

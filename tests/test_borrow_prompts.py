@@ -59,6 +59,11 @@ def test_requests_are_merged_with_unique_ids_less_those_the_model_answered(tiny_
     borrow.main([str(a), str(b), str(chat), "--model", str(model), "--answered", str(answered), "--out", str(again), "--seed", "1"])
     assert [json.loads(line)["id"] for line in gzip.open(again, "rt")] == ids
     assert len(load_prompt_set(str(out)).prompts) == 8
+    # --count: the first N of the same shuffled order
+    first = tmp_path / "first.jsonl.gz"
+    borrow.main([str(a), str(b), str(chat), "--model", str(model), "--answered", str(answered), "--out", str(first), "--seed", "1",
+                 "--count", "3"])
+    assert [json.loads(line)["id"] for line in gzip.open(first, "rt")] == ids[:3]
 
 
 def test_a_model_argument_that_is_not_a_model_folder_is_refused(tmp_path, capsys):
@@ -69,3 +74,12 @@ def test_a_model_argument_that_is_not_a_model_folder_is_refused(tmp_path, capsys
         borrow.main([str(f), "--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o.jsonl.gz")])
     assert e.value.code == 2
     assert "not a model folder" in capsys.readouterr().err
+
+
+def test_a_negative_count_is_refused(tmp_path, capsys):
+    borrow = load_script("borrow_prompts")
+    f = tmp_path / "p.jsonl.gz"
+    _write(f, [_request(1)])
+    with pytest.raises(SystemExit):
+        borrow.main([str(f), "--model", str(tmp_path), "--out", str(tmp_path / "o.jsonl.gz"), "--count", "-1"])
+    assert "--count must be >= 0" in capsys.readouterr().err
