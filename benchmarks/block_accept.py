@@ -2,6 +2,8 @@
 
     python benchmarks/block_accept.py --model MODEL --head A [--head B ...] --data ROWS.jsonl(.gz) \
         [--rows 400] [--cap 7] [--drafter-bits 4] [--seed 0] [--json OUT.json]
+    python benchmarks/block_accept.py --model MODEL --head A --against-decode code,math [--limit 1] \
+        [--max-new-tokens 64] [--dtype float32]
 
 At every answer position of each row (a distill data file's generated rows, or any JSONL of
 {"ids", "prompt_len"} rows, "set" and "prompt_id" optional), the number of the head's drafts
@@ -12,6 +14,9 @@ more heads, each head's difference from the first, paired row by row on the same
 interval of a paired difference is narrow where the heads' per-row means move together).
 Rows must not be in the heads' training data: a distill run's rows are not held out, a later
 round's generated rows are (e.g. `docs/results/held30_qwen15.jsonl.gz`, never trained on).
+`--against-decode SETS` checks the measure on this machine instead: it decodes the first
+`--limit` built-in prompts of each set with the first head and compares each round's accepted
+drafts with the teacher-forced count at that round's anchor (equal, or parted at a near-tie).
 """
 
 from __future__ import annotations
@@ -60,7 +65,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--head", action="append", required=True, help="a DSpark head folder (repeat to compare)")
-    ap.add_argument("--data", type=Path, required=True, help="rows the target wrote greedily, not trained on")
+    ap.add_argument("--data", type=Path, help="rows the target wrote greedily, not trained on")
+    ap.add_argument("--against-decode", help="built-in prompt sets (code,math,chat) to decode and compare round by round")
+    ap.add_argument("--limit", type=int, default=1, help="with --against-decode: prompts per set")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="with --against-decode")
+    ap.add_argument("--dtype", help="with --against-decode: load the target in this dtype (float32: no bfloat16 ties)")
     ap.add_argument("--rows", type=int, default=400, help="rows drawn at random from the file (0: all)")
     ap.add_argument("--cap", type=int, default=7)
     ap.add_argument("--drafter-bits", type=int, default=4)
@@ -68,6 +77,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
+    if a.against_decode:
+        return against_decode(a)
+    if a.data is None:
+        ap.error("give --data ROWS (rows to measure on) or --against-decode SETS (a check against decoding)")
     if not a.data.is_file():
         ap.error(f"--data {a.data}: no such file")
     rows = [r for r in read_jsonl(a.data) if "ids" in r and "prompt_len" in r]
@@ -108,6 +121,27 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{head} - {a.head[0]}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired over the same anchors)")
     out = {"model": a.model, "data": str(a.data), "rows": len(rows), "cap": a.cap, "drafter_bits": a.drafter_bits,
            "heads": results, "differences": diffs}
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=2))
+    return out
+
+
+def against_decode(a) -> dict:
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.engine.loading import load_target
+    from dspark_lab.lab.block_accept import decode_rounds
+    from dspark_lab.lab.prompts import load_prompt_set
+
+    target, tok = load_target(a.model, dtype=a.dtype)
+    drafter = load_dspark(a.head[0], target, bits=a.drafter_bits)
+    checks = []
+    for name in a.against_decode.split(","):
+        for p in load_prompt_set(name).prompts[: a.limit]:
+            rounds, counted = decode_rounds(target, tok, drafter, p.as_input(), a.cap, a.max_new_tokens)
+            checks.append({"prompt": p.id, "rounds": rounds, "teacher_forced": counted, "equal": rounds == counted})
+            print(f"{p.id}: {len(rounds)} rounds, {'equal' if rounds == counted else 'parted'}: decode {rounds}, "
+                  f"teacher-forced {counted}", flush=True)
+    out = {"model": a.model, "head": a.head[0], "cap": a.cap, "dtype": a.dtype, "checks": checks}
     if a.json:
         a.json.write_text(json.dumps(out, indent=2))
     return out

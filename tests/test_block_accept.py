@@ -9,7 +9,7 @@ import pytest
 from conftest import PROMPTS
 from dspark_lab import greedy_generate, load_pair, speculative_generate
 from dspark_lab.engine.text import encode_prompt
-from dspark_lab.lab.block_accept import accepted_at, mean_accept, on_path_anchors, row_accept
+from dspark_lab.lab.block_accept import accepted_at, decode_rounds, mean_accept, on_path_anchors, row_accept
 from dspark_lab.lab.distill import DistillConfig, distill
 
 CAP = 4
@@ -34,17 +34,8 @@ def test_each_rounds_accepted_drafts_are_the_teacher_forced_count_at_its_anchor(
                                         max_draft_tokens=CAP)
     compared, depths = 0, set()
     for p in PROMPTS[:6]:
-        r = speculative_generate(target, tok, drafter, p, max_new_tokens=48, max_draft_tokens=CAP, lookup_drafts=False)
-        assert r.token_ids == greedy_generate(target, tok, p, max_new_tokens=48).token_ids
-        ids = encode_prompt(tok, p) + r.token_ids
-        anchors, rounds, a = [], [], len(ids) - len(r.token_ids)  # round 0 drafts after the first generated token
-        for acc, drafted in zip(r.accept_lengths, r.draft_lengths):
-            if drafted == CAP and a + CAP - 1 <= len(ids) - 1:
-                anchors.append(a)
-                rounds.append(acc - 1)
-            a += acc
-        got = accepted_at(target, drafter, ids, anchors, CAP).sum(axis=-1).tolist()
-        assert got == rounds, p
+        rounds, counted = decode_rounds(target, tok, drafter, p, CAP, 48)
+        assert counted == rounds, p
         compared += len(rounds)
         depths |= set(rounds)
     assert compared >= 30
@@ -114,3 +105,17 @@ def test_the_benchmark_compares_heads_on_the_same_anchors(tiny_dirs, head, heads
     assert json.loads((tmp_path / "r.json").read_text()) == json.loads(json.dumps(out))
     with pytest.raises(SystemExit):
         mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--data", str(tmp_path / "none.jsonl")])
+
+
+def test_the_benchmark_checks_itself_against_decoding(tiny_dirs, heads, tmp_path, monkeypatch):
+    """--against-decode: built-in prompts decoded with the head, each round's accepted drafts beside
+    the teacher-forced count at its anchor (the tiny target's tokenizer reads any set's text)."""
+    from scripts import load_script
+
+    mod = load_script("block_accept")
+    out = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"]), "--drafter-bits", "16", "--cap", str(CAP),
+                    "--against-decode", "code,chat", "--limit", "2", "--max-new-tokens", "40", "--json", str(tmp_path / "c.json")])
+    assert [c["prompt"] for c in out["checks"]] == ["code-001", "code-002", "chat-001", "chat-002"]
+    assert all(c["equal"] and c["rounds"] for c in out["checks"])
+    with pytest.raises(SystemExit):
+        mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"])])  # neither --data nor --against-decode

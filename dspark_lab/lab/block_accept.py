@@ -110,3 +110,25 @@ def mean_accept(rows: list[RowAccept]) -> float:
     """Over every anchor of the rows (not a mean of row means)."""
     n = sum(r.anchors for r in rows)
     return 1 + sum(r.accepted for r in rows) / n if n else float("nan")
+
+
+def decode_rounds(target, tokenizer, drafter, prompt, cap: int, max_new_tokens: int) -> tuple[list[int], list[int]]:
+    """Decode `prompt` greedily with the head (no lookup drafts), then count the teacher-forced
+    accepts at the anchors its rounds started from, on the decoded text: (the decode's accepted
+    drafts per round, the teacher-forced counts), for every round that drafted `cap` tokens with
+    `cap` labels after its anchor. They agree wherever no draft's verdict hangs on a near-tie of
+    the target's logits (a verify of another width can order a tie the other way)."""
+    from ..engine.speculative import speculative_generate
+    from ..engine.text import encode_prompt
+
+    ids = list(prompt) if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt) else encode_prompt(tokenizer, prompt)
+    r = speculative_generate(target, tokenizer, drafter, ids, max_new_tokens=max_new_tokens, max_draft_tokens=cap, lookup_drafts=False)
+    full = ids + r.token_ids
+    anchors, rounds, a = [], [], len(ids)  # round 0 drafts after the first generated token
+    for accepted, drafted in zip(r.accept_lengths, r.draft_lengths):
+        if drafted == cap and a + cap - 1 <= len(full) - 1:
+            anchors.append(a)
+            rounds.append(accepted - 1)
+        a += accepted
+    counted = accepted_at(target, drafter, full, anchors, cap).sum(axis=-1).tolist() if anchors else []
+    return rounds, counted
