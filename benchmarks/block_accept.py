@@ -4,6 +4,7 @@
         [--rows 400] [--cap 7] [--drafter-bits 4] [--seed 0] [--json OUT.json]
     python benchmarks/block_accept.py --model MODEL --head A --against-decode code,math [--limit 1] \
         [--max-new-tokens 64] [--dtype float32]
+    python benchmarks/block_accept.py --compare RUN_A/held.json RUN_B/held.json
 
 At every answer position of each row (a distill data file's generated rows, or any JSONL of
 {"ids", "prompt_len"} rows, "set" and "prompt_id" optional), the number of the head's drafts
@@ -17,6 +18,9 @@ round's generated rows are (e.g. `docs/results/held30_qwen15.jsonl.gz`, never tr
 `--against-decode SETS` checks the measure on this machine instead: it decodes the first
 `--limit` built-in prompts of each set with the first head and compares each round's accepted
 drafts with the teacher-forced count at that round's anchor (equal, or parted at a near-tie).
+`--compare A.json B.json` pairs the last head of one run's JSON with the last head of another's
+(two device runs' `held.json`, each its kept head last) row by row, when both measured the same
+rows at the same anchors: B's difference from A with its interval, no model loaded.
 """
 
 from __future__ import annotations
@@ -45,6 +49,18 @@ def bootstrap(values: np.ndarray, weights: np.ndarray, n: int = 2000, seed: int 
     return float(np.quantile(stats, 0.025)), float(np.quantile(stats, 0.975))
 
 
+def paired_difference(base: list, other: list, seed: int = 0) -> tuple[float, float, float]:
+    """B - A in mean accept over the same anchors, and its 95% interval: `base` and `other` are
+    [prompt_id, anchors, accepted] per row (a summary's "per_row"), in the same row order."""
+    if [r[:2] for r in base] != [r[:2] for r in other]:
+        raise SystemExit("the two heads were measured on different rows or anchors (other rows, or one drafts fewer "
+                         "tokens than the cap): measure both on the same rows at a cap both reach")
+    anchors = np.array([r[1] for r in base], dtype=float)
+    delta = np.array([o[2] - b[2] for o, b in zip(other, base)], dtype=float)
+    lo, hi = bootstrap(delta, anchors, seed=seed)
+    return float(delta.sum() / max(anchors.sum(), 1)), lo, hi
+
+
 def summarize(per_row: list, cap: int) -> dict:
     from dspark_lab.lab.block_accept import mean_accept
 
@@ -63,8 +79,10 @@ def summarize(per_row: list, cap: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--head", action="append", required=True, help="a DSpark head folder (repeat to compare)")
+    ap.add_argument("--model")
+    ap.add_argument("--head", action="append", help="a DSpark head folder (repeat to compare)")
+    ap.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"),
+                    help="two earlier runs' JSON: the last head of B against the last head of A, paired")
     ap.add_argument("--data", type=Path, help="rows the target wrote greedily, not trained on")
     ap.add_argument("--against-decode", help="built-in prompt sets (code,math,chat) to decode and compare round by round")
     ap.add_argument("--limit", type=int, default=1, help="with --against-decode: prompts per set")
@@ -77,6 +95,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
+    if a.compare:
+        return compare(*a.compare, seed=a.seed)
+    if not (a.model and a.head):
+        ap.error("give --model and --head (or --compare A.json B.json)")
     if a.against_decode:
         return against_decode(a)
     if a.data is None:
@@ -108,15 +130,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"in {s['rows']} rows ({sets}); accepted through draft position 1..: "
               + " ".join(f"{x:.2f}" for x in s["per_position"]), flush=True)
     diffs = {}
-    base = per_head[0]
-    for head, per_row in zip(a.head[1:], per_head[1:]):
-        if any(o.anchors != b.anchors for o, b in zip(per_row, base)):
-            raise SystemExit(f"{head} and {a.head[0]} were measured at different anchors (one drafts fewer than --cap "
-                             f"{a.cap} tokens): compare them at a --cap both reach")
-        anchors = np.array([r.anchors for r in base], dtype=float)
-        delta = np.array([o.accepted - b.accepted for o, b in zip(per_row, base)], dtype=float)
-        lo, hi = bootstrap(delta, anchors, seed=a.seed + 1)
-        d = results[head]["mean_accept"] - results[a.head[0]]["mean_accept"]
+    for head in a.head[1:]:
+        d, lo, hi = paired_difference(results[a.head[0]]["per_row"], results[head]["per_row"], seed=a.seed + 1)
         diffs[head] = {"minus": a.head[0], "difference": d, "ci": [lo, hi]}
         print(f"{head} - {a.head[0]}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired over the same anchors)")
     out = {"model": a.model, "data": str(a.data), "rows": len(rows), "cap": a.cap, "drafter_bits": a.drafter_bits,
@@ -124,6 +139,22 @@ def main(argv: list[str] | None = None) -> dict:
     if a.json:
         a.json.write_text(json.dumps(out, indent=2))
     return out
+
+
+def compare(path_a: Path, path_b: Path, seed: int = 0) -> dict:
+    runs = []
+    for path in (path_a, path_b):
+        if not path.is_file():
+            raise SystemExit(f"--compare: {path}: no such file")
+        heads = json.loads(path.read_text())["heads"]
+        name = list(heads)[-1]
+        runs.append((name, heads[name]))
+    (name_a, a), (name_b, b) = runs
+    d, lo, hi = paired_difference(a["per_row"], b["per_row"], seed=seed + 1)
+    print(f"{name_b} ({path_b}) - {name_a} ({path_a}): {d:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+          f"(paired over {a['anchors']} anchors; {b['mean_accept']:.3f} against {a['mean_accept']:.3f})")
+    return {"a": {"file": str(path_a), "head": name_a}, "b": {"file": str(path_b), "head": name_b},
+            "difference": d, "ci": [lo, hi]}
 
 
 def against_decode(a) -> dict:

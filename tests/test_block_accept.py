@@ -103,6 +103,16 @@ def test_the_benchmark_compares_heads_on_the_same_anchors(tiny_dirs, head, heads
     d = out["differences"][str(head)]
     assert d["difference"] == pytest.approx(second["mean_accept"] - first["mean_accept"]) and d["ci"][0] <= d["difference"] <= d["ci"][1]
     assert json.loads((tmp_path / "r.json").read_text()) == json.loads(json.dumps(out))
+    # --compare: two runs' JSON, the last head of each, paired row by row without loading a model
+    alone = tmp_path / "alone.json"
+    mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"]), "--data", str(data), "--cap", str(CAP),
+              "--drafter-bits", "16", "--json", str(alone)])
+    again = mod.main(["--compare", str(alone), str(tmp_path / "r.json")])
+    assert again["difference"] == pytest.approx(d["difference"]) and again["ci"] == pytest.approx(d["ci"])
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"heads": {"x": dict(first, per_row=first["per_row"][1:])}}))
+    with pytest.raises(SystemExit, match="different rows or anchors"):
+        mod.main(["--compare", str(alone), str(other)])
     with pytest.raises(SystemExit):
         mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--data", str(tmp_path / "none.jsonl")])
 
