@@ -641,6 +641,7 @@ def distill(
     corpus: Annotated[str, typer.Option(help="Conversations the target reads instead of writes (sharegpt:PATH, code:DIR of Python sources; comma-separated): one forward per sequence instead of a decode step per token.")] = "",
     corpus_tokens: Annotated[int, typer.Option(help="Answer tokens to take from each --corpus.")] = 0,
     labels: Annotated[str, typer.Option(help="target: learn the target's own greedy prediction at every position (needed for --corpus); data: the stored next token.")] = "target",
+    held_rows: Annotated[int, typer.Option(help="Keep the first N of the target's own generated rows out of training and measure the head on them at every evaluation: the drafts greedy verification accepts at every answer position (far less noise than the held-out prompts' decodes).")] = 0,
     soft_labels: Annotated[int, typer.Option(help="With --labels target: learn the target's next-token distribution over its this-many most likely tokens (renormalized) instead of its greedy token alone (0). The logged loss then includes the target's own entropy.")] = 0,
     max_new_tokens: Annotated[int, typer.Option(help="Longest continuation per prompt (each prompt is continued once).")] = 192,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
@@ -671,7 +672,7 @@ def distill(
     from .lab.distill import DistillConfig, distill as run_distill
 
     cfg = DistillConfig(model=model, out=str(out_dir), block=block, layers=layers, markov_rank=markov_rank, intermediate_size=intermediate_size, prompts=prompts,
-                        tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, soft_labels=soft_labels, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
+                        tokens=tokens, corpus=corpus, corpus_tokens=corpus_tokens, labels=labels, soft_labels=soft_labels, held_rows=held_rows, max_new_tokens=max_new_tokens, steps=steps, lr=lr, anchors=anchors, seqs=seqs, held_out=held_out, eval_every=eval_every, checkpoint_every=checkpoint_every,
                         batch=batch, max_len=max_len, minutes=minutes, data_minutes=data_minutes, warmup=warmup, data_only=data_only, save_dtype=save_dtype, slot_decay=slot_decay, chain_slots=chain_slots, target_weights=target_weights, compute_dtype=compute_dtype, cache_gb=cache_gb, memory_gb=memory_gb, init=str(init or ""), mix=mix, command="dspark-lab " + shlex.join(sys.argv[1:]))  # quoted: the card's command pastes into a shell (--mix '*code*=2')
     path = run_distill(cfg, resume=resume, say=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
     if data_only:  # no head yet: the next step is training on the data

@@ -406,7 +406,7 @@ def test_several_sequences_per_step_train(tiny_dirs, tmp_path):
     assert sum(e["loss"] for e in log[-5:]) < 0.7 * sum(e["loss"] for e in log[:5])
     with pytest.raises(InputError, match="at least --seqs"):
         config(tiny_dirs["qwen3"], out, seqs=4, anchors=2)
-    with pytest.raises(InputError, match="--cache-gb >= 0"):
+    with pytest.raises(InputError, match="--cache-gb, --memory-gb >= 0"):
         config(tiny_dirs["qwen3"], out, cache_gb=-1)
 
 
@@ -1031,3 +1031,31 @@ def test_memory_gb_sets_mlxs_memory_limit_beside_the_cache_cap(tiny_dirs, tmp_pa
     assert limits == {"memory": 60 * 2**30, "cache": 4 * 2**30}
     with pytest.raises(InputError, match="--memory-gb >= 0"):
         config(tiny_dirs["qwen3"], tmp_path / "x", memory_gb=-1)
+
+
+def test_held_rows_stay_out_of_training_and_are_measured_teacher_forced(tiny_dirs, tmp_path, monkeypatch):
+    """--held-rows N: the first N rows the target generated are never drawn for training, the
+    teacher-forced accept length on them is logged at every evaluation and ends on the card."""
+    import dspark_lab.lab.distill as d
+
+    drawn = []
+    real = d._training_batch
+
+    def spy(data, rng, cfg, cum_weights=None):
+        drawn.append({json.dumps(r["ids"]) for r in data})
+        return real(data, rng, cfg, cum_weights)
+
+    monkeypatch.setattr(d, "_training_batch", spy)
+    out = tmp_path / "head"
+    distill(config(tiny_dirs["qwen3"], out, held_rows=4), progress=False, say=lambda m: None)
+    rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    held = {json.dumps(r["ids"]) for r in rows[:4]}
+    assert drawn and all(not (held & seen) for seen in drawn) and all(len(seen) == len(rows) - 4 for seen in drawn)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    measured = [e["held_rows_accept"] for e in log if "held_rows_accept" in e]
+    assert len(measured) == 2 and all(1 <= m <= 5 for m in measured)  # steps 15 and 30, cap 4
+    assert "on 4 of its own generated rows held out of training" in (out / "README.md").read_text()
+    with pytest.raises(InputError, match="--held-rows 1000: the data has"):
+        distill(config(tiny_dirs["qwen3"], tmp_path / "more", held_rows=1000), progress=False, say=lambda m: None)
+    with pytest.raises(InputError, match="--held-rows must be >= 0"):
+        config(tiny_dirs["qwen3"], tmp_path / "x", held_rows=-1)

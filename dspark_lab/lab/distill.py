@@ -76,6 +76,10 @@ class DistillConfig:
     anchors: int = 16  # anchor positions per training step, anchors // seqs in each sequence (up to every position of it)
     seqs: int = 1  # sequences per training step (one batched target forward)
     held_out: int = 2  # prompts per set kept for evaluation
+    # > 0: the first this-many of the target's own generated rows are kept out of training and
+    # measured at every evaluation with the teacher-forced accept length (lab/block_accept.py):
+    # thousands of anchors where the decoding evaluation above has a few prompts.
+    held_rows: int = 0
     eval_every: int = 200
     checkpoint_every: int = 500
     batch: int = 32  # prompts generated together for the data (1: one at a time)
@@ -136,6 +140,8 @@ class DistillConfig:
             raise InputError(f"--target-weights must be one of {', '.join(TARGET_WEIGHTS)}, got {self.target_weights!r}.")
         if self.markov_rank < 0 or self.lr <= 0:
             raise InputError("--markov-rank must be >= 0 and the learning rate > 0.")
+        if self.held_rows < 0:
+            raise InputError(f"--held-rows must be >= 0 (0: none kept out), got {self.held_rows}.")
         if self.intermediate_size < 0:
             raise InputError(f"--intermediate-size must be >= 0 (0: the target's MLP width), got {self.intermediate_size}.")
         parse_mix(self.mix)  # a malformed --mix fails here, before any data is made or read
@@ -745,6 +751,29 @@ def native_config(c: DSparkConfig, target: Target) -> dict:
     }
 
 
+def split_held_rows(data: list[dict], cfg: DistillConfig) -> tuple[list[dict], list[dict]]:
+    """(held-out rows, training rows) for --held-rows N: the first N of this target's own generated
+    rows in data.jsonl's order, which a run that tops its data up later keeps (rows are appended),
+    so a resumed run holds out the same ones."""
+    if not cfg.held_rows:
+        return [], data
+    writer = Path(cfg.model.rstrip("/")).name
+    own = [i for i, d in enumerate(data) if d.get("generation") != "corpus" and d.get("model", writer) == writer]
+    if len(own) < cfg.held_rows or len(data) == cfg.held_rows:
+        raise InputError(f"--held-rows {cfg.held_rows}: the data has {len(own)} rows this model generated and {len(data)} in all; "
+                         "hold out fewer, or generate more (--tokens), so that some remain to train on.")
+    out = set(own[: cfg.held_rows])
+    return [data[i] for i in sorted(out)], [d for i, d in enumerate(data) if i not in out]
+
+
+def held_rows_accept(target, head, rows: list[dict], cap: int, max_len: int) -> float:
+    """The head's teacher-forced accept length over every answer position of the held-out rows."""
+    from .block_accept import mean_accept, row_accept
+
+    drafter = DSparkDrafter(head, target.embed, target.head_logits)
+    return mean_accept([row_accept(target, drafter, r, cap, max_len) for r in rows])
+
+
 def evaluate(target, tokenizer, head, held, cap: int, max_new_tokens: int = 64) -> float:
     """Mean accept length of the head on held-out prompts, through the real generation path."""
     drafter = DSparkDrafter(head, target.embed, target.head_logits)
@@ -799,6 +828,10 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         say(f"data ready in {out / 'data.jsonl'}: {len(data)} sequences, {answer_tokens(data)} answer tokens; "
             "train with the same command without --data-only")
         return out
+    held_rows, data = split_held_rows(data, cfg)
+    if held_rows:
+        say(f"{len(held_rows)} of this model's generated rows held out ({answer_tokens(held_rows)} answer tokens): "
+            "the teacher-forced accept length is measured on them at every evaluation")
 
     head = DSparkHead(c, target.hidden_size)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=0.0)
@@ -850,6 +883,9 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 entry["mean_accept_len"] = evaluate(target, tokenizer, head, held, cap)
                 say(f"step {step}: loss {losses[-1]:.3f}, held-out mean accept length {entry['mean_accept_len']:.2f} at cap {cap}")
+                if held_rows:
+                    entry["held_rows_accept"] = held_rows_accept(target, head, held_rows, cap, cfg.max_len)
+                    say(f"step {step}: teacher-forced accept length {entry['held_rows_accept']:.3f} on {len(held_rows)} held-out rows")
             log.write(json.dumps(entry) + "\n")
             log.flush()
             if step % cfg.checkpoint_every == 0:
@@ -869,17 +905,24 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     if final and "mean_accept_len" not in final[-1]:  # stopped by the time budget: measure the head as saved
         final[-1]["mean_accept_len"] = evaluate(target, tokenizer, head, held, cap)
         say(f"step {step}: held-out mean accept length {final[-1]['mean_accept_len']:.2f} at cap {cap}")
+        if held_rows:
+            final[-1]["held_rows_accept"] = held_rows_accept(target, head, held_rows, cap, cfg.max_len)
+            say(f"step {step}: teacher-forced accept length {final[-1]['held_rows_accept']:.3f} on {len(held_rows)} held-out rows")
         (out / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in final))
     accept = next((e["mean_accept_len"] for e in reversed(final) if "mean_accept_len" in e), None)
-    write_model_card(out, cfg, c, data, held, final, accept, cap, why)
+    write_model_card(out, cfg, c, data, held, final, accept, cap, why, held_rows)
     return out
 
 
-def write_model_card(out: Path, cfg: DistillConfig, c: DSparkConfig, data, held, log, accept, cap, weights: str = "") -> None:
+def write_model_card(out: Path, cfg: DistillConfig, c: DSparkConfig, data, held, log, accept, cap, weights: str = "",
+                     held_rows: list[dict] | None = None) -> None:
     sets = sorted({(d["set"], d["set_version"]) for d in data})
     first = sum(e["loss"] for e in log[:10]) / max(1, len(log[:10]))
     last = sum(e["loss"] for e in log[-10:]) / max(1, len(log[-10:]))
     params = sum(v.size for _, v in tree_flatten(DSparkHead(c, c.hidden_size).parameters()))
+    forced = next((e["held_rows_accept"] for e in reversed(log) if "held_rows_accept" in e), None)
+    forced_line = (f"\n- Teacher-forced accept length at cap {cap} on {len(held_rows)} of its own generated rows held out of "
+                   f"training ({answer_tokens(held_rows)} answer tokens; lab/block_accept.py): {forced:.3f}") if held_rows and forced else ""
     (out / "README.md").write_text(f"""# DSpark head for {cfg.model}
 
 Distilled by dspark-lab against the target's own greedy behaviour ({'its greedy prediction at every position' if cfg.labels == 'target' and not cfg.soft_labels else f'its next-token distribution over its {cfg.soft_labels} most likely tokens at every position' if cfg.labels == 'target' else 'the stored next tokens'}{', on its continuations of prompts' if cfg.tokens else ''}{' and on conversations it read (' + cfg.corpus + ')' if cfg.corpus else ''}).
@@ -894,7 +937,7 @@ Distilled by dspark-lab against the target's own greedy behaviour ({'its greedy 
   {', '.join(p.id for p in held)}. The sequences are in data.jsonl.
 - Training: {len(log)} steps logged; mean loss of the first 10 steps {first:.3f}, of the last 10 {last:.3f}.{chr(10) + '  Data and training forward: ' + weights + '.' if weights else ''}
 - Held-out mean accept length at cap {cap}: {accept if accept is None else round(accept, 3)}
-  (through `speculative_generate`, greedy, lossless).
+  (through `speculative_generate`, greedy, lossless).{forced_line}
 
 Load it with `load_pair(model, this_directory)` or `dspark-lab generate -m MODEL -d THIS_DIR --mode dspark`.
 """)
