@@ -76,9 +76,7 @@ def accepted_at(target, drafter, ids: list[int], anchors: list[int], cap: int, l
     ctx = drafter.fuse(taps)  # (1, L, H)
     a = mx.array([anchors], dtype=mx.int32)
     h = _block_forward(drafter.head, c, drafter.embed, ctx, x, a)[0, :, c.logits_start : c.logits_start + cap]  # (A, cap, H)
-    logits = drafter.lm_head(h)
-    if c.final_logit_softcapping:
-        logits = mx.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+    logits = drafter.vocab_logits(h)
     pos = a[0][:, None] + mx.arange(cap)  # (A, cap): draft j is checked against label[a + j]
     want = labels[0][pos]
     markov = getattr(drafter.head, "markov_head", None)
@@ -121,7 +119,7 @@ def decode_rounds(target, tokenizer, drafter, prompt, cap: int, max_new_tokens: 
     from ..engine.speculative import speculative_generate
     from ..engine.text import encode_prompt
 
-    ids = list(prompt) if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt) else encode_prompt(tokenizer, prompt)
+    ids = encode_prompt(tokenizer, prompt)  # ids already tokenized come back as they are
     r = speculative_generate(target, tokenizer, drafter, ids, max_new_tokens=max_new_tokens, max_draft_tokens=cap, lookup_drafts=False)
     full = ids + r.token_ids
     anchors, rounds, a = [], [], len(ids)  # round 0 drafts after the first generated token

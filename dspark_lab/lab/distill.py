@@ -284,7 +284,7 @@ def prepare_data(target: Target, tokenizer, cfg: DistillConfig, say: Callable[[s
     if not train_prompts:
         raise InputError(f"no training prompts left after holding out {cfg.held_out} per set; add prompts or lower --held-out.")
     path = Path(cfg.out) / "data.jsonl"
-    writer = Path(cfg.model.rstrip("/")).name  # the model's folder name: the same on every machine it is shipped to
+    writer = writer_name(cfg.model)
     data = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     if cfg.corpus:
         data = _read_corpus(tokenizer, cfg, path, data, say)
@@ -751,13 +751,19 @@ def native_config(c: DSparkConfig, target: Target) -> dict:
     }
 
 
+def writer_name(model: str) -> str:
+    """What a generated row's "model" field holds: the model's folder name, the same on every
+    machine it is shipped to."""
+    return Path(model.rstrip("/")).name
+
+
 def split_held_rows(data: list[dict], cfg: DistillConfig) -> tuple[list[dict], list[dict]]:
     """(held-out rows, training rows) for --held-rows N: the first N of this target's own generated
     rows in data.jsonl's order, which a run that tops its data up later keeps (rows are appended),
     so a resumed run holds out the same ones."""
     if not cfg.held_rows:
         return [], data
-    writer = Path(cfg.model.rstrip("/")).name
+    writer = writer_name(cfg.model)
     own = [i for i, d in enumerate(data) if d.get("generation") != "corpus" and d.get("model", writer) == writer]
     if len(own) < cfg.held_rows or len(data) == cfg.held_rows:
         raise InputError(f"--held-rows {cfg.held_rows}: the data has {len(own)} rows this model generated and {len(data)} in all; "

@@ -281,6 +281,15 @@ class DSparkDrafter(ContextDrafter):
                 h = layer(h, ArrayOffsetKV(cache.keys, cache.values, at), at, mask)
         return self.head.norm(h)[0]
 
+    def vocab_logits(self, h: mx.array) -> mx.array:
+        """Block rows' hidden states -> draft logits: the bound lm_head and the head's soft cap
+        (the Markov term, added slot by slot, is the caller's; lab/block_accept.py adds it too)."""
+        c = self.config
+        logits = self.lm_head(h)
+        if c.final_logit_softcapping:
+            logits = mx.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+        return logits
+
     def draft(self, pending: int | mx.array, cap: int, params, at: mx.array | None = None) -> BlockOut:
         """Up to `cap` draft tokens after `pending` (lazy: nothing is read on the host); `at`:
         the context length as an array (the pipelined loop), None for the host's ctx_len."""
@@ -290,9 +299,7 @@ class DSparkDrafter(ContextDrafter):
         cap = min(cap, c.max_drafts)
         width = c.block_size if not c.causal else c.logits_start + cap
         h = self.hidden(pending, width, at)[c.logits_start : c.logits_start + cap]
-        logits = self.lm_head(h)
-        if c.final_logit_softcapping:
-            logits = mx.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+        logits = self.vocab_logits(h)
         markov = getattr(self.head, "markov_head", None)
         conf = getattr(self.head, "confidence_head", None)
         prev = _token_array(pending)
