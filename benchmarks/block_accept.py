@@ -1,7 +1,7 @@
 """Teacher-forced accept length of one or more DSpark heads on rows the target wrote greedily.
 
     python benchmarks/block_accept.py --model MODEL --head A [--head B ...] --data ROWS.jsonl(.gz) \
-        [--rows 400] [--cap 7] [--drafter-bits 4] [--seed 0] [--json OUT.json]
+        [--rows 400] [--cap 7] [--drafter-bits 4] [--seed 0] [--cache-gb 4] [--json OUT.json]
     python benchmarks/block_accept.py --model MODEL --head A --against-decode code,math [--limit 1] \
         [--max-new-tokens 64] [--dtype float32]
     python benchmarks/block_accept.py --compare RUN_A/held.json RUN_B/held.json
@@ -13,6 +13,9 @@ what `speculative_generate` accepts in a round starting there). Per head: the me
 anchors, per set and per draft position, with a 95% bootstrap interval over rows; with two or
 more heads, each head's difference from the first, paired row by row on the same anchors (the
 interval of a paired difference is narrow where the heads' per-row means move together).
+Beside it, each head's mean on the decode's path along the rows ("path"): the rounds a greedy
+decode would run there, so the number `speculative_generate` would report; lower than the mean
+over every anchor, which weighs easy stretches more (a decode crosses them in few rounds).
 Rows must not be in the heads' training data: a distill run's rows are not held out, a later
 round's generated rows are (e.g. `docs/results/held30_qwen15.jsonl.gz`, never trained on).
 `--against-decode SETS` checks the measure on this machine instead: it decodes the first
@@ -62,16 +65,20 @@ def paired_difference(base: list, other: list, seed: int = 0) -> tuple[float, fl
 
 
 def summarize(per_row: list, cap: int) -> dict:
-    from dspark_lab.lab.block_accept import mean_accept
+    from dspark_lab.lab.block_accept import mean_accept, path_mean_accept
 
     anchors = np.array([r.anchors for r in per_row], dtype=float)
     accepted = np.array([r.accepted for r in per_row], dtype=float)
     lo, hi = bootstrap(accepted, anchors)
+    plo, phi = bootstrap(np.array([sum(r.path) for r in per_row], dtype=float), np.array([len(r.path) for r in per_row], dtype=float))
     sets = sorted({r.set for r in per_row})
     n = anchors.sum()
     return {"mean_accept": mean_accept(per_row), "ci": [1 + lo, 1 + hi], "anchors": int(n), "rows": len(per_row),
             "per_position": [sum(r.through[j] for r in per_row) / n if n else None for j in range(cap)],
             "by_set": {s: mean_accept([r for r in per_row if r.set == s]) for s in sets},
+            # on the decode's path along each row: what decoding the rows would report
+            "path": {"mean_accept": path_mean_accept(per_row), "ci": [1 + plo, 1 + phi], "rounds": sum(len(r.path) for r in per_row),
+                     "by_set": {s: path_mean_accept([r for r in per_row if r.set == s]) for s in sets}},
             # every row's anchors and accepted drafts, so any two heads measured on the same rows
             # (in this run or another) can be compared pair by pair later
             "per_row": [[r.prompt_id, r.anchors, r.accepted] for r in per_row]}
@@ -93,6 +100,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--drafter-bits", type=int, default=4)
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache-gb", type=float, default=4.0,
+                    help="MLX's buffer cache limit: rows of every length leave freed buffers of every size, and "
+                         "uncapped two runs on one GPU ran it out of memory (thirtieth round)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     if a.compare:
@@ -111,12 +121,14 @@ def main(argv: list[str] | None = None) -> dict:
     if a.rows and a.rows < len(rows):
         rows = random.Random(a.seed).sample(rows, a.rows)
 
+    import mlx.core as mx
     from rich.progress import track
 
     from dspark_lab.engine.drafters.load import load_dspark
     from dspark_lab.engine.loading import load_target
     from dspark_lab.lab.block_accept import row_accept
 
+    mx.set_cache_limit(int(a.cache_gb * (1 << 30)))
     target, _ = load_target(a.model)
     results, per_head = {}, []
     for head in a.head:
@@ -129,6 +141,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{head}: mean accept {s['mean_accept']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}] over {s['anchors']} anchors "
               f"in {s['rows']} rows ({sets}); accepted through draft position 1..: "
               + " ".join(f"{x:.2f}" for x in s["per_position"]), flush=True)
+        path = s["path"]
+        print(f"{head}: on the decode's path {path['mean_accept']:.3f} [{path['ci'][0]:.3f}, {path['ci'][1]:.3f}] over "
+              f"{path['rounds']} rounds (" + ", ".join(f"{k} {v:.3f}" for k, v in path["by_set"].items()) + ")", flush=True)
     diffs = {}
     for head in a.head[1:]:
         d, lo, hi = paired_difference(results[a.head[0]]["per_row"], results[head]["per_row"], seed=a.seed + 1)

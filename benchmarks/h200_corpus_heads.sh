@@ -153,7 +153,7 @@ evaluate "$head" "$bits" "$run/eval.json" "$run/eval.log"
 # anchors, where the evaluation above decodes 24 prompts.
 if [ -n "${HELD:-}" ]; then
   python3 benchmarks/block_accept.py --model "$model" ${INIT:+--head "$INIT"} --head "$head" --drafter-bits "$bits" --data "$HELD" \
-    --rows "${HELD_ROWS:-0}" --cap "$cap" --json "$run/held.json" > "$run/held.log" 2>&1
+    --rows "${HELD_ROWS:-0}" --cap "$cap" --cache-gb 4 --json "$run/held.json" > "$run/held.log" 2>&1
   echo "$name held-out rows rc=$? at ${SECONDS}s"; grep "mean accept\| - " "$run/held.log"
 fi
 # TIMING: overlap (launch_overlap.py at launch_every 0 and 4), pipeline (pipeline_speed.py: mlx_lm,

@@ -9,7 +9,8 @@ import pytest
 from conftest import PROMPTS
 from dspark_lab import greedy_generate, load_pair, speculative_generate
 from dspark_lab.engine.text import encode_prompt
-from dspark_lab.lab.block_accept import accepted_at, decode_rounds, mean_accept, on_path_anchors, row_accept
+from dspark_lab.lab.block_accept import (accepted_at, decode_path, decode_rounds, mean_accept, on_path_anchors, path_mean_accept,
+                                         row_accept)
 from dspark_lab.lab.distill import DistillConfig, distill
 
 CAP = 4
@@ -52,9 +53,22 @@ def test_a_rows_answer_is_measured_at_every_anchor_on_the_targets_path(tiny_dirs
     assert r.anchors == len(answer) - CAP + 1  # every answer position with CAP labels after it: all on the path
     assert r.through == sorted(r.through, reverse=True) and r.accepted == sum(r.through)
     assert 1 < r.mean_accept <= 1 + CAP and mean_accept([r, r]) == pytest.approx(r.mean_accept)
+    # The decode's path along the row: the rounds speculative_generate runs on this prompt, round by
+    # round, up to the last that drafts CAP tokens with CAP labels after it (the row's end).
+    decoded = speculative_generate(target, tok, drafter, prompt, max_new_tokens=40, max_draft_tokens=CAP, lookup_drafts=False)
+    assert decoded.token_ids == answer
+    rounds = [a - 1 for a in decoded.accept_lengths]
+    assert len(r.path) >= len(rounds) - CAP and r.path == rounds[: len(r.path)]
+    assert r.path_mean_accept == pytest.approx(1 + sum(r.path) / len(r.path)) and path_mean_accept([r, r]) == pytest.approx(r.path_mean_accept)
     # Text the target did not write: anchors whose next tokens leave its path are skipped.
     bent = dict(row, ids=row["ids"][:-20] + [(t + 1) % target.vocab_size for t in row["ids"][-20:]])
     assert row_accept(target, drafter, bent, CAP).anchors < r.anchors
+
+
+def test_the_decode_path_steps_by_each_rounds_commit_and_resumes_past_skipped_anchors():
+    assert decode_path([5, 6, 7, 8, 9, 10, 11], [2, 0, 0, 1, 0, 0, 0]) == [2, 1, 0, 0]  # anchors 5, 8, 10, 11
+    assert decode_path([5, 6, 7, 10, 11, 12], [1, 0, 0, 0, 3, 0]) == [1, 0, 0, 3]  # 5, 7, (8, 9 off the path) 10, 11
+    assert decode_path([], []) == []
 
 
 def test_on_path_anchors_skip_only_what_cannot_be_checked():

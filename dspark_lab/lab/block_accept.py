@@ -18,11 +18,20 @@ heads compared on the same rows differ by far less noise than 8 prompts' decodes
 (docs/performance.md: checkpoints of one head moved by up to 0.29 a prompt). An anchor whose next
 cap - 1 stored tokens leave the target's greedy path (a tie the row's writer broke the other way,
 text it did not write greedily) is skipped: inference would verify other tokens there.
+
+The mean over every anchor is not a decode's mean accept length: a decode starts its next round
+where the last one ended, so it visits an easy stretch in a few long rounds and a hard one in
+many short ones, and every anchor weighs the easy stretches more. `RowAccept.path` follows the
+decode instead (round 0 at the first answer token, each next one `accepted + 1` tokens on), so
+its mean is what `speculative_generate` would report on this row; where the row leaves the
+target's greedy path (an anchor skipped above) it goes on from the next anchor that is on it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import bisect
 
 import mlx.core as mx
 
@@ -39,11 +48,17 @@ class RowAccept:
     anchors: int
     accepted: int  # accepted drafts summed over the anchors
     through: list[int] = field(default_factory=list)  # anchors whose drafts 0..j were all accepted, per j
+    path: list[int] = field(default_factory=list)  # accepted drafts per round of a decode along the row
 
     @property
     def mean_accept(self) -> float:
         """Tokens a round commits at this row's anchors, on average (accepted drafts + 1)."""
         return 1 + self.accepted / self.anchors if self.anchors else float("nan")
+
+    @property
+    def path_mean_accept(self) -> float:
+        """Tokens a round commits on the decode's path along this row, on average."""
+        return 1 + sum(self.path) / len(self.path) if self.path else float("nan")
 
 
 def on_path_anchors(ids: list[int], labels: list[int], start: int, cap: int) -> list[int]:
@@ -59,6 +74,18 @@ def on_path_anchors(ids: list[int], labels: list[int], start: int, cap: int) -> 
         if j == len(off) or off[j] > a + cap - 2:
             good.append(a)
     return good
+
+
+def decode_path(anchors: list[int], accepted: list[int]) -> list[int]:
+    """The rounds a greedy decode would run along a row, given each anchor's accepted drafts
+    (`anchors` ascending, the first the first answer token's): round 0 drafts at the first anchor
+    and each round's next starts `accepted + 1` tokens on, or at the next anchor after that where
+    the row left the target's greedy path there. The accepted drafts per round."""
+    rounds, i = [], 0
+    while i < len(anchors):
+        rounds.append(accepted[i])
+        i = bisect.bisect_left(anchors, anchors[i] + accepted[i] + 1, lo=i + 1)
+    return rounds
 
 
 def accepted_at(target, drafter, ids: list[int], anchors: list[int], cap: int, labels: mx.array | None = None,
@@ -96,18 +123,26 @@ def row_accept(target, drafter, row: dict, cap: int, max_len: int = 1024) -> Row
     x = mx.array([ids], dtype=mx.uint32)
     taps, labels = target.taps_and_predictions(x, c.target_layer_ids)
     anchors = on_path_anchors(ids, labels[0].tolist(), start, cap)
-    through = [0] * cap
+    through, per_anchor = [0] * cap, []
     for i in range(0, len(anchors), ANCHORS_PER_PASS):
         got = accepted_at(target, drafter, ids, anchors[i : i + ANCHORS_PER_PASS], cap, labels, taps)
         for j, v in enumerate(got.sum(axis=0).tolist()):
             through[j] += int(v)
-    return RowAccept(str(row.get("prompt_id", "")), str(row.get("set", "")), len(anchors), sum(through), through)
+        per_anchor += got.sum(axis=1).tolist()
+    return RowAccept(str(row.get("prompt_id", "")), str(row.get("set", "")), len(anchors), sum(through), through,
+                     decode_path(anchors, per_anchor))
 
 
 def mean_accept(rows: list[RowAccept]) -> float:
     """Over every anchor of the rows (not a mean of row means)."""
     n = sum(r.anchors for r in rows)
     return 1 + sum(r.accepted for r in rows) / n if n else float("nan")
+
+
+def path_mean_accept(rows: list[RowAccept]) -> float:
+    """Over every round of the decode paths along the rows: what decoding them would report."""
+    n = sum(len(r.path) for r in rows)
+    return 1 + sum(sum(r.path) for r in rows) / n if n else float("nan")
 
 
 def decode_rounds(target, tokenizer, drafter, prompt, cap: int, max_new_tokens: int) -> tuple[list[int], list[int]]:
