@@ -1,7 +1,7 @@
 """Teacher-forced accept length of one or more DSpark heads on rows the target wrote greedily.
 
     python benchmarks/block_accept.py --model MODEL --head A [--head B ...] --data ROWS.jsonl(.gz) \
-        [--rows 400] [--cap 7] [--drafter-bits 4] [--seed 0] [--cache-gb 4] [--json OUT.json]
+        [--rows 400] [--answer-tokens N] [--cap 7] [--drafter-bits 4] [--seed 0] [--cache-gb 4] [--json OUT.json]
     python benchmarks/block_accept.py --model MODEL --head A --against-decode code,math [--limit 1] \
         [--max-new-tokens 64] [--dtype float32]
     python benchmarks/block_accept.py --compare RUN_A/held.json RUN_B/held.json
@@ -16,6 +16,8 @@ interval of a paired difference is narrow where the heads' per-row means move to
 Beside it, each head's mean on the decode's path along the rows ("path"): the rounds a greedy
 decode would run there, so the number `speculative_generate` would report; lower than the mean
 over every anchor, which weighs easy stretches more (a decode crosses them in few rounds).
+`--answer-tokens N` measures each row's first N answer tokens only, to match an evaluation that
+decodes N (the built-in sets' evaluation decodes 128: an answer's opening differs from its body).
 Rows must not be in the heads' training data: a distill run's rows are not held out, a later
 round's generated rows are (e.g. `docs/results/held30_qwen15.jsonl.gz`, never trained on).
 `--against-decode SETS` checks the measure on this machine instead: it decodes the first
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=64, help="with --against-decode")
     ap.add_argument("--dtype", help="with --against-decode: load the target in this dtype (float32: no bfloat16 ties)")
     ap.add_argument("--rows", type=int, default=400, help="rows drawn at random from the file (0: all)")
+    ap.add_argument("--answer-tokens", type=int, default=0, help="measure each row's first N answer tokens only (0: all)")
     ap.add_argument("--cap", type=int, default=7)
     ap.add_argument("--drafter-bits", type=int, default=4)
     ap.add_argument("--max-len", type=int, default=1024)
@@ -120,6 +123,10 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--data {a.data}: no rows with ids and prompt_len")
     if a.rows and a.rows < len(rows):
         rows = random.Random(a.seed).sample(rows, a.rows)
+    if a.answer_tokens < 0:
+        ap.error(f"--answer-tokens must be >= 0 (0: whole answers), got {a.answer_tokens}")
+    if a.answer_tokens:
+        rows = [dict(r, ids=r["ids"][: r["prompt_len"] + a.answer_tokens]) for r in rows]
 
     import mlx.core as mx
     from rich.progress import track
@@ -149,7 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
         d, lo, hi = paired_difference(results[a.head[0]]["per_row"], results[head]["per_row"], seed=a.seed + 1)
         diffs[head] = {"minus": a.head[0], "difference": d, "ci": [lo, hi]}
         print(f"{head} - {a.head[0]}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired over the same anchors)")
-    out = {"model": a.model, "data": str(a.data), "rows": len(rows), "cap": a.cap, "drafter_bits": a.drafter_bits,
+    out = {"model": a.model, "data": str(a.data), "rows": len(rows), "answer_tokens": a.answer_tokens or None, "cap": a.cap,
+           "drafter_bits": a.drafter_bits,
            "heads": results, "differences": diffs}
     if a.json:
         a.json.write_text(json.dumps(out, indent=2))

@@ -117,6 +117,13 @@ def test_the_benchmark_compares_heads_on_the_same_anchors(tiny_dirs, head, heads
     d = out["differences"][str(head)]
     assert d["difference"] == pytest.approx(second["mean_accept"] - first["mean_accept"]) and d["ci"][0] <= d["difference"] <= d["ci"][1]
     assert json.loads((tmp_path / "r.json").read_text()) == json.loads(json.dumps(out))
+    for s in (first, second):  # the decode's path along the rows: fewer rounds than anchors, a mean no higher
+        assert s["path"]["rounds"] < s["anchors"] and 1 <= s["path"]["mean_accept"] <= s["mean_accept"] + 0.5
+        assert s["path"]["ci"][0] <= s["path"]["mean_accept"] <= s["path"]["ci"][1] and set(s["path"]["by_set"]) == {"code", "chat"}
+    # --answer-tokens: each row's first 12 answer tokens only, so at most 12 - CAP + 1 anchors a row
+    short = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--data", str(data), "--cap", str(CAP),
+                      "--drafter-bits", "16", "--answer-tokens", "12"])["heads"][str(head)]
+    assert 0 < max(r[1] for r in short["per_row"]) <= 12 - CAP + 1
     # --compare: two runs' JSON, the last head of each, paired row by row without loading a model
     alone = tmp_path / "alone.json"
     mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"]), "--data", str(data), "--cap", str(CAP),

@@ -1052,9 +1052,11 @@ def test_held_rows_stay_out_of_training_and_are_measured_teacher_forced(tiny_dir
     held = {json.dumps(r["ids"]) for r in rows[:4]}
     assert drawn and all(not (held & seen) for seen in drawn) and all(len(seen) == len(rows) - 4 for seen in drawn)
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    measured = [e["held_rows_accept"] for e in log if "held_rows_accept" in e]
-    assert len(measured) == 2 and all(1 <= m <= 5 for m in measured)  # steps 15 and 30, cap 4
-    assert "on 4 of its own generated rows held out of training" in (out / "README.md").read_text()
+    measured = [(e["held_rows_accept"], e["held_rows_path_accept"]) for e in log if "held_rows_accept" in e]
+    assert len(measured) == 2 and all(1 <= m <= 5 and 1 <= p <= 5 for m, p in measured)  # steps 15 and 30, cap 4
+    card = (out / "README.md").read_text()
+    assert "on 4 of its own generated rows held out of training" in card
+    assert f"{measured[-1][1]:.3f} on the decode's path along them" in card and f"{measured[-1][0]:.3f} over every answer position" in card
     with pytest.raises(InputError, match="--held-rows 1000: the data has"):
         distill(config(tiny_dirs["qwen3"], tmp_path / "more", held_rows=1000), progress=False, say=lambda m: None)
     with pytest.raises(InputError, match="--held-rows must be >= 0"):

@@ -772,12 +772,20 @@ def split_held_rows(data: list[dict], cfg: DistillConfig) -> tuple[list[dict], l
     return [data[i] for i in sorted(out)], [d for i, d in enumerate(data) if i not in out]
 
 
-def held_rows_accept(target, head, rows: list[dict], cap: int, max_len: int) -> float:
-    """The head's teacher-forced accept length over every answer position of the held-out rows."""
-    from .block_accept import mean_accept, row_accept
+def held_rows_accept(target, head, rows: list[dict], cap: int, max_len: int) -> dict:
+    """The head's teacher-forced accept length on the held-out rows: over every answer position
+    ("held_rows_accept"), and on the decode's path along them ("held_rows_path_accept": what
+    decoding them would report, lower: a decode crosses easy stretches in few rounds)."""
+    from .block_accept import mean_accept, path_mean_accept, row_accept
 
     drafter = DSparkDrafter(head, target.embed, target.head_logits)
-    return mean_accept([row_accept(target, drafter, r, cap, max_len) for r in rows])
+    measured = [row_accept(target, drafter, r, cap, max_len) for r in rows]
+    return {"held_rows_accept": mean_accept(measured), "held_rows_path_accept": path_mean_accept(measured)}
+
+
+def _say_held_rows(say, step: int, entry: dict, n: int) -> None:
+    say(f"step {step}: teacher-forced accept length {entry['held_rows_accept']:.3f} over every answer position of {n} "
+        f"held-out rows, {entry['held_rows_path_accept']:.3f} on the decode's path along them")
 
 
 def evaluate(target, tokenizer, head, held, cap: int, max_new_tokens: int = 64) -> float:
@@ -890,8 +898,8 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
                 entry["mean_accept_len"] = evaluate(target, tokenizer, head, held, cap)
                 say(f"step {step}: loss {losses[-1]:.3f}, held-out mean accept length {entry['mean_accept_len']:.2f} at cap {cap}")
                 if held_rows:
-                    entry["held_rows_accept"] = held_rows_accept(target, head, held_rows, cap, cfg.max_len)
-                    say(f"step {step}: teacher-forced accept length {entry['held_rows_accept']:.3f} on {len(held_rows)} held-out rows")
+                    entry.update(held_rows_accept(target, head, held_rows, cap, cfg.max_len))
+                    _say_held_rows(say, step, entry, len(held_rows))
             log.write(json.dumps(entry) + "\n")
             log.flush()
             if step % cfg.checkpoint_every == 0:
@@ -912,8 +920,8 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
         final[-1]["mean_accept_len"] = evaluate(target, tokenizer, head, held, cap)
         say(f"step {step}: held-out mean accept length {final[-1]['mean_accept_len']:.2f} at cap {cap}")
         if held_rows:
-            final[-1]["held_rows_accept"] = held_rows_accept(target, head, held_rows, cap, cfg.max_len)
-            say(f"step {step}: teacher-forced accept length {final[-1]['held_rows_accept']:.3f} on {len(held_rows)} held-out rows")
+            final[-1].update(held_rows_accept(target, head, held_rows, cap, cfg.max_len))
+            _say_held_rows(say, step, final[-1], len(held_rows))
         (out / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in final))
     accept = next((e["mean_accept_len"] for e in reversed(final) if "mean_accept_len" in e), None)
     write_model_card(out, cfg, c, data, held, final, accept, cap, why, held_rows)
@@ -926,9 +934,12 @@ def write_model_card(out: Path, cfg: DistillConfig, c: DSparkConfig, data, held,
     first = sum(e["loss"] for e in log[:10]) / max(1, len(log[:10]))
     last = sum(e["loss"] for e in log[-10:]) / max(1, len(log[-10:]))
     params = sum(v.size for _, v in tree_flatten(DSparkHead(c, c.hidden_size).parameters()))
-    forced = next((e["held_rows_accept"] for e in reversed(log) if "held_rows_accept" in e), None)
+    forced = next((e for e in reversed(log) if "held_rows_accept" in e), None)
     forced_line = (f"\n- Teacher-forced accept length at cap {cap} on {len(held_rows)} of its own generated rows held out of "
-                   f"training ({answer_tokens(held_rows)} answer tokens; lab/block_accept.py): {forced:.3f}") if held_rows and forced else ""
+                   f"training ({answer_tokens(held_rows)} answer tokens; lab/block_accept.py): "
+                   + (f"{forced['held_rows_path_accept']:.3f} on the decode's path along them (what decoding them reports), "
+                      if "held_rows_path_accept" in forced else "")  # a log resumed from before the path was measured
+                   + f"{forced['held_rows_accept']:.3f} over every answer position") if held_rows and forced else ""
     (out / "README.md").write_text(f"""# DSpark head for {cfg.model}
 
 Distilled by dspark-lab against the target's own greedy behaviour ({'its greedy prediction at every position' if cfg.labels == 'target' and not cfg.soft_labels else f'its next-token distribution over its {cfg.soft_labels} most likely tokens at every position' if cfg.labels == 'target' else 'the stored next tokens'}{', on its continuations of prompts' if cfg.tokens else ''}{' and on conversations it read (' + cfg.corpus + ')' if cfg.corpus else ''}).
