@@ -81,7 +81,8 @@ echo $$ > "$run/.pid"  # h200_collect.sh stops waiting once this process is gone
 # tokens a second, this 2-core machine at under 30.
 # SELF_INSTRUCT=N: before that, the target writes N requests of its own (benchmarks/self_instruct.py;
 # SELF_KIND code, math or both as "code,math": N of each; SELF_SEED: a later round takes another
-# seed), put first in GEN_PROMPTS and brought back by h200_collect.sh with their log. 4,000 took
+# seed; SELF_STYLE=detailed: code requests of several parts, self_instruct.py --style), put first in
+# GEN_PROMPTS and brought back by h200_collect.sh with their log. 4,000 took
 # 196 s in batches of 256 (eleventh round), 105 s in batches of 1,024 (twelfth); 6,000 took 141 s.
 # GRID=8,16 (issue #10's precision grid): before anything else, while the GPU is idle, time INIT's
 # head (stored at INIT_BITS, default 4) on the target as loaded and on its copies at those
@@ -98,9 +99,9 @@ fi
 if [ -n "${SELF_INSTRUCT:-}" ]; then
   : > "$run/self_instruct.log"; selfs=
   for kind in $(echo "${SELF_KIND:-code}" | tr ',' ' '); do
-    self=$run/self_${kind}${SELF_SEED:+_s$SELF_SEED}.jsonl.gz
+    self=$run/self_${kind}${SELF_STYLE:+_$SELF_STYLE}${SELF_SEED:+_s$SELF_SEED}.jsonl.gz
     python3 benchmarks/self_instruct.py --model "$model" --kind "$kind" --n "$SELF_INSTRUCT" --seed "${SELF_SEED:-0}" \
-      --out "$self" >> "$run/self_instruct.log" 2>&1
+      --style "${SELF_STYLE:-brief}" --out "$self" >> "$run/self_instruct.log" 2>&1
     echo "$name self-instruct $kind rc=$? at ${SECONDS}s"; tail -1 "$run/self_instruct.log"
     [ -s "$self" ] && selfs=${selfs:+$selfs,}$self
   done

@@ -7,7 +7,13 @@ TypeScript debounce, a Postgres report. Here the target itself, sampling, writes
 held-out set's subjects; its greedy answers to them are then the data (`distill --prompts FILE`,
 or GEN_PROMPTS in h200_corpus_heads.sh).
 
-    python benchmarks/self_instruct.py --model MODEL --kind code --n 3000 --out self_code.jsonl.gz
+    python benchmarks/self_instruct.py --model MODEL --kind code --n 3000 --out self_code.jsonl.gz [--style detailed]
+
+`--style detailed` (code) asks for requests of several parts: two to four concrete requirements
+and one more thing beside the code (example calls, the design explained, tests), in two to five
+sentences. The default requests are mostly one short sentence, and the 1.5B's head drafts on
+held-out ones like them at 3.0 and more, while on the built-in code set, whose requests are
+longer and ask for more than the code, it stays near 2.55 (docs/performance.md, thirtieth round).
 
 Every request is cleaned (a leading "Sure, here is a request:" line and wrapping quotes dropped),
 and kept only if the target finished it within --max-tokens (a request cut off mid-sentence is
@@ -66,8 +72,20 @@ MATH_TOPICS = [
 MATH_LEVELS = ["primary school", "middle school", "high school", "first-year university"]
 
 
-def meta_prompt(kind: str, r: random.Random) -> str:
-    """The request the target is asked to write, for one drawn topic."""
+# What a detailed request asks for beside the code itself (--style detailed).
+CODE_EXTRAS = ["a few example calls with their output", "a short explanation of the design choices",
+               "tests for the edge cases", "a note on the time and memory it takes", "comments on the tricky parts"]
+STYLES = ("brief", "detailed")
+
+
+def meta_prompt(kind: str, r: random.Random, style: str = "brief") -> str:
+    """The request the target is asked to write, for one drawn topic. The brief code request's
+    wording and draws are those of every earlier round, so a seed writes what it wrote then."""
+    if kind == "code" and style == "detailed":
+        return (f"Write one realistic, detailed request that a developer might send to an AI coding assistant. "
+                f"Topic: {r.choice(CODE_TOPICS)}. Language: {r.choice(CODE_LANGS)}. The request should {r.choice(CODE_KINDS)}. "
+                f"Give it two to four concrete requirements (names, inputs, edge cases, constraints) and ask for "
+                f"{r.choice(CODE_EXTRAS)} as well. Two to five sentences. Reply with the request only, no preamble.")
     if kind == "code":
         return (f"Write one realistic request that a developer might send to an AI coding assistant. "
                 f"Topic: {r.choice(CODE_TOPICS)}. Language: {r.choice(CODE_LANGS)}. The request should {r.choice(CODE_KINDS)}. "
@@ -93,7 +111,7 @@ def clean(text: str) -> str:
 
 def self_instruct(target, tokenizer, kind: str, n: int, *, seed: int = 0, temperature: float = 1.0,
                   batch: int = 1024, max_tokens: int = 160, exclude: set[str] = frozenset(), keep_unfinished: bool = False,
-                  say=print) -> list[dict]:
+                  style: str = "brief", say=print) -> list[dict]:
     """Up to n prompt records ({"id", "domain", "messages"}) the target wrote, none in exclude, and
     (unless keep_unfinished) none it was still writing when max_tokens ran out."""
     import mlx.core as mx
@@ -102,6 +120,8 @@ def self_instruct(target, tokenizer, kind: str, n: int, *, seed: int = 0, temper
 
     from dspark_lab.engine.text import encode_prompt
 
+    if style not in STYLES:
+        raise SystemExit(f"--style must be one of {', '.join(STYLES)}, got {style!r}")
     r = random.Random(seed)
     mx.random.seed(seed)
     sampler = make_sampler(temp=temperature, top_p=0.95)
@@ -109,7 +129,7 @@ def self_instruct(target, tokenizer, kind: str, n: int, *, seed: int = 0, temper
     for _ in range(3 * (n // batch + 1)):  # rejections are few; this bounds a model that writes nothing usable
         if len(out) >= n:
             break
-        metas = [meta_prompt(kind, r) for _ in range(batch)]
+        metas = [meta_prompt(kind, r, style) for _ in range(batch)]
         encoded = [encode_prompt(tokenizer, [{"role": "user", "content": m}]) for m in metas]
         result = batch_generate(target.model, tokenizer, encoded, max_tokens=max_tokens, sampler=sampler, return_token_ids=True,
                                 completion_batch_size=len(encoded), prefill_batch_size=min(len(encoded), 64))
@@ -122,7 +142,8 @@ def self_instruct(target, tokenizer, kind: str, n: int, *, seed: int = 0, temper
             if not 30 <= len(text) <= 1500 or text in seen or "<|" in text:
                 continue
             seen.add(text)
-            out.append({"id": f"self{kind}-{len(out) + 1:05d}", "domain": kind, "messages": [{"role": "user", "content": text}]})
+            out.append({"id": f"self{kind}{'-detailed' if style == 'detailed' else ''}-{len(out) + 1:05d}", "domain": kind,
+                        "messages": [{"role": "user", "content": text}]})
             if len(out) >= n:
                 break
         seconds = time.perf_counter() - start
@@ -142,6 +163,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--batch", type=int, default=1024,
                     help="requests written at once; every batch waits for its longest, so more at once is faster "
                          "(in the eleventh round, 256 at once: 4,864 requests in 196 s on the H200, the load included)")
+    ap.add_argument("--style", choices=STYLES, default="brief",
+                    help="code requests: brief (one specific ask) or detailed (several requirements and more than the code)")
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--keep-unfinished", action="store_true", help="keep requests still being written at --max-tokens")
     ap.add_argument("--target-weights", default="auto", choices=["auto", "dequantized", "as-loaded"])
@@ -156,7 +179,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     target, _, why = training_copy(a.model, target, a.target_weights)
     print(f"writing with {why}")
     rows = self_instruct(target, tokenizer, a.kind, a.n, seed=a.seed, temperature=a.temperature, batch=a.batch,
-                         max_tokens=a.max_tokens, exclude=builtin_texts(a.kind), keep_unfinished=a.keep_unfinished)
+                         max_tokens=a.max_tokens, exclude=builtin_texts(a.kind), keep_unfinished=a.keep_unfinished, style=a.style)
     write_prompt_file(a.out, rows)
     print(f"{len(rows)} requests -> {a.out}")
     return rows

@@ -28,6 +28,17 @@ def test_math_topics_stay_away_from_the_evaluated_prompts_no_template_mirrors():
     assert not [t for t in si.MATH_TOPICS if any(s in t for s in subjects)]
 
 
+def test_a_detailed_code_request_asks_for_several_requirements_and_more_than_the_code():
+    import random
+
+    brief, detailed = si.meta_prompt("code", random.Random(5)), si.meta_prompt("code", random.Random(5), "detailed")
+    # the same topic, language and kind drawn first; the detailed one adds requirements and an extra
+    assert brief.split("Topic: ")[1].split(" Be specific")[0] == detailed.split("Topic: ")[1].split(" Give it")[0]
+    assert "two to four concrete requirements" in detailed and any(e in detailed for e in si.CODE_EXTRAS)
+    assert "requirements" not in brief  # the brief wording is every earlier round's, unchanged
+    assert si.meta_prompt("math", random.Random(5), "detailed") == si.meta_prompt("math", random.Random(5))
+
+
 def test_requests_are_distinct_reproducible_and_load_as_prompts(tiny_dirs, tmp_path):
     target, tok = load_target(tiny_dirs["qwen3"])
     said = []
@@ -67,3 +78,14 @@ def test_requests_cut_off_by_max_tokens_are_dropped(tiny_dirs, monkeypatch):
     monkeypatch.setattr(importlib.import_module("mlx_lm.generate"), "batch_generate", fake)
     rows = si.self_instruct(target, tok, "code", 5, batch=4, max_tokens=40, say=lambda m: None)
     assert [r["messages"][0]["content"] for r in rows] == texts[:1]  # the finished one, once (then duplicates)
+
+
+def test_detailed_requests_are_named_so_and_an_unknown_style_is_refused(tiny_dirs):
+    import pytest
+
+    target, tok = load_target(tiny_dirs["qwen3"])
+    rows = si.self_instruct(target, tok, "code", 3, seed=1, batch=4, max_tokens=40, keep_unfinished=True, style="detailed",
+                            say=lambda m: None)
+    assert rows and all(r["id"].startswith("selfcode-detailed-") and r["domain"] == "code" for r in rows)
+    with pytest.raises(SystemExit, match="--style must be one of brief, detailed"):
+        si.self_instruct(target, tok, "code", 3, style="long", say=lambda m: None)
