@@ -19,7 +19,8 @@ spending minutes writing new ones.
   only, and shuffled that is an even share of every file rather than the first files whole.
 - `--count N` keeps the first N of the shuffled records: a fixed sample, e.g. held-out requests
   whose answers no head trains on (list their answers under --answered from then on, so that no
-  later borrowed file asks them again).
+  later borrowed file asks them again). `--rest FILE` writes the others to FILE: a new prompt
+  file split in one step into a held-out sample and the requests to train on.
 """
 
 from __future__ import annotations
@@ -64,9 +65,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--count", type=int, default=0, help="keep the first N shuffled requests (0: all)")
+    ap.add_argument("--rest", type=Path, help="with --count: write the requests after the first N here (a held-out "
+                                               "sample in --out and the rest to train on, disjoint)")
     a = ap.parse_args(argv)
     if a.count < 0:
         ap.error(f"--count must be >= 0 (0: every request), got {a.count}")
+    if a.rest and not a.count:
+        ap.error("--rest takes the requests after the first --count N: give --count too")
     if not (a.model / "config.json").is_file():
         ap.error(f"--model {a.model} is not a model folder (no config.json); pass the folder distill loads, e.g. "
                  "~/.cache/dspark-lab/models/qwen2.5-coder-1.5b-q4-bfloat16")
@@ -74,10 +79,14 @@ def main(argv: list[str] | None = None) -> None:
     answered = answered_prompts(rows, a.model.name)
     print(f"{len(answered)} prompts answered by {a.model.name} in {len(rows)} rows")
     kept = borrow(a.prompt_files, load_tokenizer(a.model), answered, a.seed)
+    rest = kept[a.count :] if a.count else []
     if a.count:
         kept = kept[: a.count]
     write_prompt_file(a.out, kept)
     print(f"{len(kept)} requests -> {a.out}")
+    if a.rest:
+        write_prompt_file(a.rest, rest)
+        print(f"{len(rest)} requests -> {a.rest}")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,13 @@ def test_requests_are_merged_with_unique_ids_less_those_the_model_answered(tiny_
     borrow.main([str(a), str(b), str(chat), "--model", str(model), "--answered", str(answered), "--out", str(first), "--seed", "1",
                  "--count", "3"])
     assert [json.loads(line)["id"] for line in gzip.open(first, "rt")] == ids[:3]
+    # --rest: the others, so a held-out sample and the requests to train on split one file disjointly
+    rest = tmp_path / "rest.jsonl.gz"
+    borrow.main([str(a), str(b), str(chat), "--model", str(model), "--answered", str(answered), "--out", str(first), "--seed", "1",
+                 "--count", "3", "--rest", str(rest)])
+    assert [json.loads(line)["id"] for line in gzip.open(rest, "rt")] == ids[3:]
+    with pytest.raises(SystemExit):
+        borrow.main([str(a), "--model", str(model), "--out", str(first), "--rest", str(rest)])  # --rest without --count
 
 
 def test_a_model_argument_that_is_not_a_model_folder_is_refused(tmp_path, capsys):
