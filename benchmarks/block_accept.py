@@ -133,15 +133,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     from dspark_lab.engine.drafters.load import load_dspark
     from dspark_lab.engine.loading import load_target
-    from dspark_lab.lab.block_accept import row_accept
+    from dspark_lab.lab.block_accept import row_accepts
 
     mx.set_cache_limit(int(a.cache_gb * (1 << 30)))
     target, _ = load_target(a.model)
-    results, per_head = {}, []
-    for head in a.head:
-        drafter = load_dspark(head, target, bits=a.drafter_bits)
-        per_row = [row_accept(target, drafter, r, a.cap, a.max_len) for r in track(rows, description=Path(head).name)]
-        per_head.append(per_row)
+    drafters = [load_dspark(head, target, bits=a.drafter_bits) for head in a.head]
+    # Rows outside, heads inside: the target's forward over a row serves every head.
+    per_row_per_head = [row_accepts(target, drafters, r, a.cap, a.max_len) for r in track(rows, description="rows")]
+    results = {}
+    for k, (head, drafter) in enumerate(zip(a.head, drafters)):
+        per_row = [measured[k] for measured in per_row_per_head]
         s = summarize(per_row, min(a.cap, drafter.config.max_drafts))
         results[head] = s
         sets = ", ".join(f"{k} {v:.3f}" for k, v in s["by_set"].items())

@@ -10,7 +10,7 @@ from conftest import PROMPTS
 from dspark_lab import greedy_generate, load_pair, speculative_generate
 from dspark_lab.engine.text import encode_prompt
 from dspark_lab.lab.block_accept import (accepted_at, decode_path, decode_rounds, mean_accept, on_path_anchors, path_mean_accept,
-                                         row_accept)
+                                         row_accept, row_accepts)
 from dspark_lab.lab.distill import DistillConfig, distill
 
 CAP = 4
@@ -63,6 +63,10 @@ def test_a_rows_answer_is_measured_at_every_anchor_on_the_targets_path(tiny_dirs
     # Text the target did not write: anchors whose next tokens leave its path are skipped.
     bent = dict(row, ids=row["ids"][:-20] + [(t + 1) % target.vocab_size for t in row["ids"][-20:]])
     assert row_accept(target, drafter, bent, CAP).anchors < r.anchors
+    # Several heads from one forward: each the same as measured alone.
+    _, _, other, _ = load_pair(tiny_dirs["qwen3"], head, drafter_bits=4, max_draft_tokens=CAP)
+    both = row_accepts(target, [drafter, other], row, CAP)
+    assert both[0] == r and both[1] == row_accept(target, other, row, CAP)
 
 
 def test_the_decode_path_steps_by_each_rounds_commit_and_resumes_past_skipped_anchors():

@@ -88,14 +88,18 @@ def decode_path(anchors: list[int], accepted: list[int]) -> list[int]:
     return rounds
 
 
+def _refuse_causal(drafter) -> None:
+    if drafter.config.causal:
+        raise InputError(f"{drafter.name or 'this head'} has a causal block (DFlash lineage): the teacher-forced accept "
+                         "length covers DSpark heads with a bidirectional block; measure it by decoding (lossless_check.py).")
+
+
 def accepted_at(target, drafter, ids: list[int], anchors: list[int], cap: int, labels: mx.array | None = None,
                 taps: dict | None = None) -> mx.array:
     """(A, cap) 0/1: draft j at each anchor accepted (it and every draft before it are the target's
     greedy tokens). `labels`/`taps`: the target's forward over `ids`, when the caller has it."""
     c = drafter.config
-    if c.causal:
-        raise InputError(f"{drafter.name or 'this head'} has a causal block (DFlash lineage): the teacher-forced accept "
-                         "length covers DSpark heads with a bidirectional block; measure it by decoding (lossless_check.py).")
+    _refuse_causal(drafter)
     cap = min(cap, c.max_drafts)
     x = mx.array([ids], dtype=mx.uint32)
     if labels is None or taps is None:
@@ -116,21 +120,34 @@ def accepted_at(target, drafter, ids: list[int], anchors: list[int], cap: int, l
 
 def row_accept(target, drafter, row: dict, cap: int, max_len: int = 1024) -> RowAccept:
     """The teacher-forced accept length over one row's answer (the target's continuation)."""
-    c = drafter.config
-    cap = min(cap, c.max_drafts)
+    return row_accepts(target, [drafter], row, cap, max_len)[0]
+
+
+def row_accepts(target, drafters: list, row: dict, cap: int, max_len: int = 1024) -> list[RowAccept]:
+    """`row_accept` for each of several heads, from one target forward over the row (its taps
+    for every head's layers at once): comparing heads costs one head pass more per head, not
+    one target forward more."""
+    for drafter in drafters:  # before the forward, and whether or not the row has an anchor
+        _refuse_causal(drafter)
     ids = list(row["ids"])[-max_len:]
     start = max(1, row["prompt_len"] - (len(row["ids"]) - len(ids)))  # the first answer token: the first round's anchor
     x = mx.array([ids], dtype=mx.uint32)
-    taps, labels = target.taps_and_predictions(x, c.target_layer_ids)
-    anchors = on_path_anchors(ids, labels[0].tolist(), start, cap)
-    through, per_anchor = [0] * cap, []
-    for i in range(0, len(anchors), ANCHORS_PER_PASS):
-        got = accepted_at(target, drafter, ids, anchors[i : i + ANCHORS_PER_PASS], cap, labels, taps)
-        for j, v in enumerate(got.sum(axis=0).tolist()):
-            through[j] += int(v)
-        per_anchor += got.sum(axis=1).tolist()
-    return RowAccept(str(row.get("prompt_id", "")), str(row.get("set", "")), len(anchors), sum(through), through,
-                     decode_path(anchors, per_anchor))
+    layers = sorted({t for d in drafters for t in d.config.target_layer_ids})
+    taps, labels = target.taps_and_predictions(x, layers)
+    path_labels = labels[0].tolist()
+    out = []
+    for drafter in drafters:
+        head_cap = min(cap, drafter.config.max_drafts)
+        anchors = on_path_anchors(ids, path_labels, start, head_cap)
+        through, per_anchor = [0] * head_cap, []
+        for i in range(0, len(anchors), ANCHORS_PER_PASS):
+            got = accepted_at(target, drafter, ids, anchors[i : i + ANCHORS_PER_PASS], head_cap, labels, taps)
+            for j, v in enumerate(got.sum(axis=0).tolist()):
+                through[j] += int(v)
+            per_anchor += got.sum(axis=1).tolist()
+        out.append(RowAccept(str(row.get("prompt_id", "")), str(row.get("set", "")), len(anchors), sum(through), through,
+                             decode_path(anchors, per_anchor)))
+    return out
 
 
 def mean_accept(rows: list[RowAccept]) -> float:
