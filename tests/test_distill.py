@@ -1057,6 +1057,11 @@ def test_held_rows_stay_out_of_training_and_are_measured_teacher_forced(tiny_dir
     card = (out / "README.md").read_text()
     assert "on 4 of its own generated rows held out of training" in card
     assert f"{measured[-1][1]:.3f} on the decode's path along them" in card and f"{measured[-1][0]:.3f} over every answer position" in card
+    # Continuing a head: the first rows may be ones it trained on, and the run says so.
+    said = []
+    monkeypatch.setattr(d, "_training_batch", real)
+    distill(config(tiny_dirs["qwen3"], tmp_path / "continued", held_rows=4, init=str(out)), progress=False, say=said.append)
+    assert any("with --init the held-out rows are the data's first 4" in m for m in said)
     with pytest.raises(InputError, match="--held-rows 1000: the data has"):
         distill(config(tiny_dirs["qwen3"], tmp_path / "more", held_rows=1000), progress=False, say=lambda m: None)
     with pytest.raises(InputError, match="--held-rows must be >= 0"):

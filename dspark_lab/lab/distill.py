@@ -846,6 +846,10 @@ def distill(cfg: DistillConfig, *, resume: bool = False, progress: bool = True, 
     if held_rows:
         say(f"{len(held_rows)} of this model's generated rows held out ({answer_tokens(held_rows)} answer tokens): "
             "the teacher-forced accept length is measured on them at every evaluation")
+        if cfg.init:
+            say(f"note: with --init the held-out rows are the data's first {len(held_rows)} of this model, which the head in "
+                f"{cfg.init} may have trained on; measure a continued head on rows no run trained on instead "
+                "(benchmarks/block_accept.py --data FILE, HELD=FILE in h200_corpus_heads.sh)")
 
     head = DSparkHead(c, target.hidden_size)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=0.0)
