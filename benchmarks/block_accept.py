@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
     # Rows outside, heads inside: the target's forward over a row serves every head.
     per_row_per_head = [row_accepts(target, drafters, r, a.cap, a.max_len) for r in track(rows, description="rows")]
     results = {}
-    for k, (head, drafter) in enumerate(zip(a.head, drafters)):
-        per_row = [measured[k] for measured in per_row_per_head]
+    for i, (head, drafter) in enumerate(zip(a.head, drafters)):
+        per_row = [measured[i] for measured in per_row_per_head]
         s = summarize(per_row, min(a.cap, drafter.config.max_drafts))
         results[head] = s
         sets = ", ".join(f"{k} {v:.3f}" for k, v in s["by_set"].items())
@@ -158,8 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
         diffs[head] = {"minus": a.head[0], "difference": d, "ci": [lo, hi]}
         print(f"{head} - {a.head[0]}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired over the same anchors)")
     out = {"model": a.model, "data": str(a.data), "rows": len(rows), "answer_tokens": a.answer_tokens or None, "cap": a.cap,
-           "drafter_bits": a.drafter_bits,
-           "heads": results, "differences": diffs}
+           "drafter_bits": a.drafter_bits, "heads": results, "differences": diffs}
     if a.json:
         a.json.write_text(json.dumps(out, indent=2))
     return out

@@ -29,9 +29,8 @@ target's greedy path (an anchor skipped above) it goes on from the next anchor t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import bisect
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
