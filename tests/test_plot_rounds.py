@@ -72,3 +72,27 @@ def test_precision_grid_is_summarized_per_precision_and_rendered(tmp_path):
     path.write_text(json.dumps({**result, "copies": {}}))
     with pytest.raises(SystemExit):
         grid.main([str(path), "--out", str(out)])
+
+
+def test_held_accept_chart_puts_the_three_measures_of_one_head_side_by_side_per_set(tmp_path):
+    """benchmarks/plot_held_accept.py: a block_accept.py JSON's path and all-anchor means per
+    set, the held-out sets read as the built-in set they end in, beside the built-in decode's."""
+    held = load_script("plot_held_accept")
+    head = {"mean_accept": 3.0, "by_set": {"held30_code": 3.4, "held30_chat": 2.4},
+            "path": {"mean_accept": 2.7, "by_set": {"held30_code": 3.0, "held30_chat": 2.2}}}
+    ba = tmp_path / "held.json"
+    ba.write_text(json.dumps({"heads": {"/root/ship/data/head": head, "/tmp/other": dict(head, by_set={"held30_code": 9.0})}}))
+    builtin = _eval(tmp_path / "eval29.json", "/m/qwen2.5-coder-1.5b-q4-bfloat16", {"code": [2.5, 2.6], "chat": [1.8]})
+    out = tmp_path / "held.png"
+    rows = held.main([str(ba), "--builtin", str(builtin), "--out", str(out)])
+    got = {(r["set"], r["measure"]): r["mean_accept"] for r in rows}
+    assert got == {("code", held.MEASURES[1]): 3.0, ("chat", held.MEASURES[1]): 2.2, ("code", held.MEASURES[2]): 3.4,
+                   ("chat", held.MEASURES[2]): 2.4, ("code", held.MEASURES[0]): 2.55, ("chat", held.MEASURES[0]): 1.8}
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {r["mean_accept"] for r in held.main([str(ba), "--head", "other", "--out", str(out)]) if r["set"] == "code"} == {3.0, 9.0}
+    with pytest.raises(SystemExit, match="no head"):
+        held.main([str(ba), "--head", "missing", "--out", str(out)])
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"heads": {"h": {"by_set": {}}}}))  # measured before the path was
+    with pytest.raises(SystemExit):
+        held.main([str(old), "--out", str(out)])
