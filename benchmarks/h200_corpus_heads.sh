@@ -155,7 +155,7 @@ evaluate "$head" "$bits" "$run/eval.json" "$run/eval.log"
 if [ -n "${HELD:-}" ]; then
   python3 benchmarks/block_accept.py --model "$model" ${INIT:+--head "$INIT"} --head "$head" --drafter-bits "$bits" --data "$HELD" \
     --rows "${HELD_ROWS:-0}" --cap "$cap" --cache-gb 4 --json "$run/held.json" > "$run/held.log" 2>&1
-  echo "$name held-out rows rc=$? at ${SECONDS}s"; grep "mean accept\| - " "$run/held.log"
+  echo "$name held-out rows rc=$? at ${SECONDS}s"; grep "mean accept\|decode's path\| - " "$run/held.log"
 fi
 # TIMING: overlap (launch_overlap.py at launch_every 0 and 4), pipeline (pipeline_speed.py: mlx_lm,
 # greedy, the plain loop and dspark-pipe side by side, and with DQ=1, the default, the same on a

@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from plot_distill_rounds import NO_TWIN, summarize as builtin_means  # noqa: E402
 
 SETS = ("code", "math", "chat")
 GOALS = {"code": 3.0, "math": 3.0, "chat": 2.0}  # issue #9, the Qwen heads at cap 7
@@ -41,18 +44,16 @@ def pick_head(heads: dict, name: str | None) -> str:
     return found[0]
 
 
-def summarize(block_accept: dict, head: str | None = None, builtin: dict | None = None) -> list[dict]:
-    """One row per (set, measure): the head's mean accept length."""
+def summarize(block_accept: dict, head: str | None = None, builtin: Path | None = None) -> list[dict]:
+    """One row per (set, measure): the head's mean accept length; the built-in sets' means are
+    plot_distill_rounds.py's, as every round's chart shows them."""
     name = pick_head(block_accept["heads"], head)
     h = block_accept["heads"][name]
     rows = [{"set": base_set(s), "measure": MEASURES[1], "mean_accept": round(v, 3)} for s, v in h["path"]["by_set"].items()]
     rows += [{"set": base_set(s), "measure": MEASURES[2], "mean_accept": round(v, 3)} for s, v in h["by_set"].items()]
     if builtin is not None:
-        by_set: dict[str, list[float]] = {}
-        for r in builtin["rows"]:
-            if r.get("mean_accept") is not None:
-                by_set.setdefault(r["set"], []).append(r["mean_accept"])
-        rows += [{"set": s, "measure": MEASURES[0], "mean_accept": round(sum(v) / len(v), 3)} for s, v in by_set.items()]
+        rows += [{"set": r["set"], "measure": MEASURES[0], "mean_accept": r["mean_accept"]}
+                 for r in builtin_means([builtin]) if r["set"] != NO_TWIN]
     return rows
 
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if "heads" not in data or "path" not in next(iter(data["heads"].values()), {}):
         ap.error(f"{a.block_accept} is not a block_accept.py --json file with the decode's path "
                  "(measure again with this version of block_accept.py)")
-    rows = summarize(data, a.head, json.loads(a.builtin.read_text()) if a.builtin else None)
+    rows = summarize(data, a.head, a.builtin)
     name = pick_head(data["heads"], a.head)
     save_chart(chart(rows, a.title or f"{Path(name.rstrip('/')).name}: accept length three ways (dashed: issue #9's goals)"), a.out)
     print(f"{len(rows)} bars -> {a.out}")
