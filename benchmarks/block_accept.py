@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
         rows = random.Random(a.seed).sample(rows, a.rows)
     if a.answer_tokens < 0:
         ap.error(f"--answer-tokens must be >= 0 (0: whole answers), got {a.answer_tokens}")
+    if a.cache_gb <= 0:
+        ap.error(f"--cache-gb must be > 0 (GB of freed buffers MLX may keep), got {a.cache_gb}")
     if a.answer_tokens:
         rows = [dict(r, ids=r["ids"][: r["prompt_len"] + a.answer_tokens]) for r in rows]
 

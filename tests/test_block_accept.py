@@ -128,6 +128,9 @@ def test_the_benchmark_compares_heads_on_the_same_anchors(tiny_dirs, head, heads
     short = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--data", str(data), "--cap", str(CAP),
                       "--drafter-bits", "16", "--answer-tokens", "12"])["heads"][str(head)]
     assert 0 < max(r[1] for r in short["per_row"]) <= 12 - CAP + 1
+    for bad in (["--answer-tokens", "-1"], ["--cache-gb", "0"]):  # refused by name, before any model loads
+        with pytest.raises(SystemExit):
+            mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--data", str(data), *bad])
     # --compare: two runs' JSON, the last head of each, paired row by row without loading a model
     alone = tmp_path / "alone.json"
     mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"]), "--data", str(data), "--cap", str(CAP),
