@@ -1,7 +1,7 @@
 """Teacher-forced accept length of one or more DSpark heads on rows the target wrote greedily.
 
     python benchmarks/block_accept.py --model MODEL --head A [--head B ...] --data ROWS.jsonl(.gz) \
-        [--rows 400] [--answer-tokens N] [--cap 7] [--drafter-bits 4] [--seed 0] [--cache-gb 4] [--json OUT.json]
+        [--rows 400] [--answer-tokens N] [--first N ...] [--dtype float32 --dequantize] [--cap 7] [--drafter-bits 4] [--seed 0] [--cache-gb 4] [--json OUT.json]
     python benchmarks/block_accept.py --model MODEL --head A --against-decode code,math [--limit 1] \
         [--max-new-tokens 64] [--dtype float32]
     python benchmarks/block_accept.py --compare RUN_A/held.json RUN_B/held.json
@@ -17,7 +17,11 @@ Beside it, each head's mean on the decode's path along the rows ("path"): the ro
 decode would run there, so the number `speculative_generate` would report; lower than the mean
 over every anchor, which weighs easy stretches more (a decode crosses them in few rounds).
 `--answer-tokens N` measures each row's first N answer tokens only, to match an evaluation that
-decodes N (the built-in sets' evaluation decodes 128: an answer's opening differs from its body).
+decodes N (the built-in sets' evaluation decodes 128: an answer's opening differs from its body);
+`--first N` gives that cut beside the whole answers, from the same forwards (exactly equal).
+On a Linux CPU, `--dtype float32 --dequantize --drafter-bits 16` with benchmarks/cpu_blas.sh's
+library loaded runs the 1.5B at about 10 s a 260-token row (MLX's 4-bit and bfloat16 CPU kernels
+take minutes): the head's stored 4-bit values and the target's, as float32.
 Rows must not be in the heads' training data: a distill run's rows are not held out, a later
 round's generated rows are (e.g. `docs/results/held30_qwen15.jsonl.gz`, never trained on).
 `--against-decode SETS` checks the measure on this machine instead: it decodes the first
@@ -66,6 +70,22 @@ def paired_difference(base: list, other: list, seed: int = 0) -> tuple[float, fl
     return float(delta.sum() / max(anchors.sum(), 1)), lo, hi
 
 
+def cast_head(drafter, dtype: str | None):
+    """The head's float weights (a quantized head's scales too) in `dtype`, as --dtype casts the
+    target's: on a CPU a bfloat16 head, not the target, would set the pace (MLX's CPU kernels
+    call BLAS for float32 only). With --drafter-bits 16 a 4-bit head's stored values become
+    plain float32 weights, exactly."""
+    if dtype is None:
+        return drafter
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    want = getattr(mx, dtype)
+    drafter.head.update(tree_map(lambda p: p.astype(want) if mx.issubdtype(p.dtype, mx.floating) else p, drafter.head.parameters()))
+    mx.eval(drafter.head.parameters())
+    return drafter
+
+
 def summarize(per_row: list, cap: int) -> dict:
     from dspark_lab.lab.block_accept import mean_accept, path_mean_accept
 
@@ -75,7 +95,7 @@ def summarize(per_row: list, cap: int) -> dict:
     plo, phi = bootstrap(np.array([sum(r.path) for r in per_row], dtype=float), np.array([len(r.path) for r in per_row], dtype=float))
     sets = sorted({r.set for r in per_row})
     n = anchors.sum()
-    return {"mean_accept": mean_accept(per_row), "ci": [1 + lo, 1 + hi], "anchors": int(n), "rows": len(per_row),
+    return {"mean_accept": mean_accept(per_row), "ci": [1 + lo, 1 + hi], "anchors": int(n), "rows": len(per_row), "cap": cap,
             "per_position": [sum(r.through[j] for r in per_row) / n if n else None for j in range(cap)],
             "by_set": {s: mean_accept([r for r in per_row if r.set == s]) for s in sets},
             # on the decode's path along each row: what decoding the rows would report
@@ -96,9 +116,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--against-decode", help="built-in prompt sets (code,math,chat) to decode and compare round by round")
     ap.add_argument("--limit", type=int, default=1, help="with --against-decode: prompts per set")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="with --against-decode")
-    ap.add_argument("--dtype", help="with --against-decode: load the target in this dtype (float32: no bfloat16 ties)")
+    ap.add_argument("--dtype", help="load the target in this dtype (float32: no bfloat16 ties; on a CPU the fast one)")
+    ap.add_argument("--dequantize", action="store_true",
+                    help="the target's quantized layers as plain ones holding the same weights: on a CPU, with --dtype float32 "
+                         "and benchmarks/cpu_blas.sh's OpenBLAS, a 1.5B row's forward runs 25x faster than at 4 bits")
     ap.add_argument("--rows", type=int, default=400, help="rows drawn at random from the file (0: all)")
     ap.add_argument("--answer-tokens", type=int, default=0, help="measure each row's first N answer tokens only (0: all)")
+    ap.add_argument("--first", type=int, action="append", default=[], metavar="N",
+                    help="also each head's measure on every row's first N answer tokens (repeatable): from the same "
+                         "forwards, exactly what --answer-tokens N gives, so a row's opening and its whole answer side by side")
     ap.add_argument("--cap", type=int, default=7)
     ap.add_argument("--drafter-bits", type=int, default=4)
     ap.add_argument("--max-len", type=int, default=1024)
@@ -107,6 +133,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="MLX's buffer cache limit: rows of every length leave freed buffers of every size, and "
                          "uncapped two runs on one GPU ran it out of memory (thirtieth round)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--anchors-out", type=Path, metavar="FILE.jsonl.gz",
+                    help="every row's anchors per head (distance from the first answer token, accepted drafts) and its "
+                         "decode path: for any later cut of the measure (by answer position, by token) without the model")
     a = ap.parse_args(argv)
     if a.compare:
         return compare(*a.compare, seed=a.seed)
@@ -127,6 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--answer-tokens must be >= 0 (0: whole answers), got {a.answer_tokens}")
     if a.cache_gb <= 0:
         ap.error(f"--cache-gb must be > 0 (GB of freed buffers MLX may keep), got {a.cache_gb}")
+    if any(n <= 0 for n in a.first):
+        ap.error(f"--first takes a number of answer tokens > 0, got {min(a.first)}")
     if a.answer_tokens:
         rows = [dict(r, ids=r["ids"][: r["prompt_len"] + a.answer_tokens]) for r in rows]
 
@@ -138,8 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     from dspark_lab.lab.block_accept import row_accepts
 
     mx.set_cache_limit(int(a.cache_gb * (1 << 30)))
-    target, _ = load_target(a.model)
-    drafters = [load_dspark(head, target, bits=a.drafter_bits) for head in a.head]
+    target, _ = load_target(a.model, dtype=a.dtype, dequantize=a.dequantize)
+    drafters = [cast_head(load_dspark(head, target, bits=a.drafter_bits), a.dtype) for head in a.head]
     # Rows outside, heads inside: the target's forward over a row serves every head.
     per_row_per_head = [row_accepts(target, drafters, r, a.cap, a.max_len) for r in track(rows, description="rows")]
     results = {}
@@ -151,19 +182,36 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{head}: mean accept {s['mean_accept']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}] over {s['anchors']} anchors "
               f"in {s['rows']} rows ({sets}); accepted through draft position 1..: "
               + " ".join(f"{x:.2f}" for x in s["per_position"]), flush=True)
-        path = s["path"]
-        print(f"{head}: on the decode's path {path['mean_accept']:.3f} [{path['ci'][0]:.3f}, {path['ci'][1]:.3f}] over "
-              f"{path['rounds']} rounds (" + ", ".join(f"{k} {v:.3f}" for k, v in path["by_set"].items()) + ")", flush=True)
+        print_path(head, s["path"])
+        for n in a.first:
+            cut = summarize([r.first(n) for r in per_row], s["cap"])
+            del cut["per_row"]
+            s.setdefault("first", {})[str(n)] = cut
+            print_path(f"{head} (first {n} answer tokens)", cut["path"], f"; every anchor {cut['mean_accept']:.3f}")
+    if a.anchors_out:
+        import gzip
+
+        with gzip.open(a.anchors_out, "wt") as f:
+            for row, measured in zip(rows, per_row_per_head):
+                for head, r in zip(a.head, measured):
+                    f.write(json.dumps({"head": head, "prompt_id": r.prompt_id, "set": r.set, "prompt_len": row["prompt_len"],
+                                        "offsets": r.offsets, "accepted": r.per_anchor, "path": r.path}) + "\n")
     diffs = {}
     for head in a.head[1:]:
         d, lo, hi = paired_difference(results[a.head[0]]["per_row"], results[head]["per_row"], seed=a.seed + 1)
         diffs[head] = {"minus": a.head[0], "difference": d, "ci": [lo, hi]}
         print(f"{head} - {a.head[0]}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired over the same anchors)")
-    out = {"model": a.model, "data": str(a.data), "rows": len(rows), "answer_tokens": a.answer_tokens or None, "cap": a.cap,
+    out = {"model": a.model, "dtype": a.dtype, "dequantized": a.dequantize, "data": str(a.data), "rows": len(rows),
+           "answer_tokens": a.answer_tokens or None, "cap": a.cap,
            "drafter_bits": a.drafter_bits, "heads": results, "differences": diffs}
     if a.json:
         a.json.write_text(json.dumps(out, indent=2))
     return out
+
+
+def print_path(label: str, path: dict, extra: str = "") -> None:
+    print(f"{label}: on the decode's path {path['mean_accept']:.3f} [{path['ci'][0]:.3f}, {path['ci'][1]:.3f}] over "
+          f"{path['rounds']} rounds (" + ", ".join(f"{k} {v:.3f}" for k, v in path["by_set"].items()) + f"){extra}", flush=True)
 
 
 def compare(path_a: Path, path_b: Path, seed: int = 0) -> dict:
@@ -188,8 +236,8 @@ def against_decode(a) -> dict:
     from dspark_lab.lab.block_accept import decode_rounds
     from dspark_lab.lab.prompts import load_prompt_set
 
-    target, tok = load_target(a.model, dtype=a.dtype)
-    drafter = load_dspark(a.head[0], target, bits=a.drafter_bits)
+    target, tok = load_target(a.model, dtype=a.dtype, dequantize=a.dequantize)
+    drafter = cast_head(load_dspark(a.head[0], target, bits=a.drafter_bits), a.dtype)
     checks = []
     for name in a.against_decode.split(","):
         for p in load_prompt_set(name).prompts[: a.limit]:
@@ -197,7 +245,7 @@ def against_decode(a) -> dict:
             checks.append({"prompt": p.id, "rounds": rounds, "teacher_forced": counted, "equal": rounds == counted})
             print(f"{p.id}: {len(rounds)} rounds, {'equal' if rounds == counted else 'parted'}: decode {rounds}, "
                   f"teacher-forced {counted}", flush=True)
-    out = {"model": a.model, "head": a.head[0], "cap": a.cap, "dtype": a.dtype, "checks": checks}
+    out = {"model": a.model, "head": a.head[0], "cap": a.cap, "dtype": a.dtype, "dequantized": a.dequantize, "checks": checks}
     if a.json:
         a.json.write_text(json.dumps(out, indent=2))
     return out

@@ -112,7 +112,8 @@ def test_the_benchmark_compares_heads_on_the_same_anchors(tiny_dirs, head, heads
         f.writelines(json.dumps(r) + "\n" for r in rows)
     mod = load_script("block_accept")
     out = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"]), "--head", str(head), "--data", str(data),
-                    "--cap", str(CAP), "--drafter-bits", "16", "--json", str(tmp_path / "r.json")])
+                    "--cap", str(CAP), "--drafter-bits", "16", "--first", "12", "--json", str(tmp_path / "r.json"),
+                    "--anchors-out", str(tmp_path / "anchors.jsonl.gz")])
     first, second = (out["heads"][str(h)] for h in (heads["repeat"], head))
     assert first["rows"] == 6 and first["anchors"] == second["anchors"] > 100
     assert set(first["by_set"]) == {"code", "chat"} and len(first["per_position"]) == CAP
@@ -124,17 +125,33 @@ def test_the_benchmark_compares_heads_on_the_same_anchors(tiny_dirs, head, heads
     for s in (first, second):  # the decode's path along the rows: fewer rounds than anchors, a mean no higher
         assert s["path"]["rounds"] < s["anchors"] and 1 <= s["path"]["mean_accept"] <= s["mean_accept"] + 0.5
         assert s["path"]["ci"][0] <= s["path"]["mean_accept"] <= s["path"]["ci"][1] and set(s["path"]["by_set"]) == {"code", "chat"}
+    # --anchors-out: each row's anchors per head, which give back its sums and path
+    with gzip.open(tmp_path / "anchors.jsonl.gz", "rt") as f:
+        dumped = [json.loads(line) for line in f]
+    assert [(d["head"], d["prompt_id"]) for d in dumped] == [(str(h), r["prompt_id"]) for r in rows for h in (heads["repeat"], head)]
+    for s in (first, second):
+        mine = [d for d in dumped if d["head"] == str(heads["repeat"] if s is first else head)]
+        assert [[d["prompt_id"], len(d["offsets"]), sum(d["accepted"])] for d in mine] == s["per_row"]
+        assert all(d["offsets"][0] == 0 and d["path"][0] == d["accepted"][0] for d in mine)
     # --answer-tokens: each row's first 12 answer tokens only, so at most 12 - CAP + 1 anchors a row
     short = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--data", str(data), "--cap", str(CAP),
                       "--drafter-bits", "16", "--answer-tokens", "12"])["heads"][str(head)]
     assert 0 < max(r[1] for r in short["per_row"]) <= 12 - CAP + 1
-    for bad in (["--answer-tokens", "-1"], ["--cache-gb", "0"]):  # refused by name, before any model loads
+    # --first 12: the same cut from the whole rows' forwards, equal to measuring the cut rows
+    assert set(second["first"]) == {"12"}
+    cut = second["first"]["12"]
+    for key in ("mean_accept", "anchors", "per_position", "by_set", "path"):
+        assert cut[key] == short[key], key
+    assert cut["anchors"] < second["anchors"]
+    for bad in (["--answer-tokens", "-1"], ["--cache-gb", "0"], ["--first", "0"]):  # refused by name, before any model loads
         with pytest.raises(SystemExit):
             mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--data", str(data), *bad])
     # --compare: two runs' JSON, the last head of each, paired row by row without loading a model
     alone = tmp_path / "alone.json"
+    # (target and head cast to float32, the target's layers dequantized: the tiny float32 pair measures the same)
     mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"]), "--data", str(data), "--cap", str(CAP),
-              "--drafter-bits", "16", "--json", str(alone)])
+              "--drafter-bits", "16", "--dtype", "float32", "--dequantize", "--json", str(alone)])
+    assert json.loads(alone.read_text())["heads"][str(heads["repeat"])]["per_row"] == first["per_row"]
     again = mod.main(["--compare", str(alone), str(tmp_path / "r.json")])
     assert again["difference"] == pytest.approx(d["difference"]) and again["ci"] == pytest.approx(d["ci"])
     other = tmp_path / "other.json"

@@ -48,11 +48,24 @@ class RowAccept:
     accepted: int  # accepted drafts summed over the anchors
     through: list[int] = field(default_factory=list)  # anchors whose drafts 0..j were all accepted, per j
     path: list[int] = field(default_factory=list)  # accepted drafts per round of a decode along the row
+    offsets: list[int] = field(default_factory=list)  # each anchor's distance from the first answer token
+    per_anchor: list[int] = field(default_factory=list)  # each anchor's accepted drafts
 
     @property
     def mean_accept(self) -> float:
         """Tokens a round commits at this row's anchors, on average (accepted drafts + 1)."""
         return 1 + self.accepted / self.anchors if self.anchors else float("nan")
+
+    def first(self, answer_tokens: int) -> "RowAccept":
+        """This row measured on its first `answer_tokens` answer tokens only: the anchors whose
+        drafts all fall among them. The head is bidirectional within a block and the target
+        causal, so an anchor's drafts and labels do not depend on what follows its block: this is
+        exactly what measuring the cut row gives (unless --max-len cut the whole row's prompt)."""
+        cap = len(self.through)
+        keep = [i for i, o in enumerate(self.offsets) if o <= answer_tokens - cap]
+        offsets, per_anchor = [self.offsets[i] for i in keep], [self.per_anchor[i] for i in keep]
+        return RowAccept(self.prompt_id, self.set, len(keep), sum(per_anchor), [sum(v > j for v in per_anchor) for j in range(cap)],
+                         decode_path(offsets, per_anchor), offsets, per_anchor)
 
     @property
     def path_mean_accept(self) -> float:
@@ -145,7 +158,7 @@ def row_accepts(target, drafters: list, row: dict, cap: int, max_len: int = 1024
                 through[j] += int(v)
             per_anchor += got.sum(axis=1).tolist()
         out.append(RowAccept(str(row.get("prompt_id", "")), str(row.get("set", "")), len(anchors), sum(through), through,
-                             decode_path(anchors, per_anchor)))
+                             decode_path(anchors, per_anchor), [a - start for a in anchors], per_anchor))
     return out
 
 
