@@ -96,3 +96,38 @@ def test_held_accept_chart_puts_the_three_measures_of_one_head_side_by_side_per_
     old.write_text(json.dumps({"heads": {"h": {"by_set": {}}}}))  # measured before the path was
     with pytest.raises(SystemExit):
         held.main([str(old), "--out", str(out)])
+
+
+def test_accept_by_position_walks_the_decode_path_and_bins_rounds_by_where_they_start(tmp_path):
+    """benchmarks/plot_accept_by_position.py: a --anchors-out file's rows walked as the decode
+    would (the same rounds as lab/block_accept.decode_path), a decoded JSON's rounds placed by
+    their commits, both binned by the answer position each round starts at."""
+    import gzip
+
+    from dspark_lab.lab.block_accept import decode_path
+
+    pos = load_script("plot_accept_by_position")
+    offsets, accepted = [0, 1, 2, 3, 5, 6, 7, 8], [2, 0, 3, 1, 0, 6, 0, 0]  # position 4 skipped (off the path)
+    walked = pos.path_rounds(offsets, accepted)
+    assert walked == [(0, 2), (3, 1), (5, 0), (6, 6)] and [a for _, a in walked] == decode_path(offsets, accepted)
+    assert pos.decoded_rounds([2, 0, 3]) == [(0, 2), (3, 0), (4, 3)]
+    anchors = tmp_path / "anchors.jsonl.gz"
+    with gzip.open(anchors, "wt") as f:
+        for head in ("/ship/head", "/tmp/other"):
+            f.write(json.dumps({"head": head, "prompt_id": "q1", "set": "held30_code", "prompt_len": 9,
+                                "offsets": offsets, "accepted": accepted if head == "/ship/head" else [6] * 8, "path": []}) + "\n")
+    decoded = tmp_path / "decoded.json"
+    decoded.write_text(json.dumps({"checks": [{"prompt": "code-001", "rounds": [2, 0, 3]}, {"prompt": "chat-002", "rounds": [1]}]}))
+    out = tmp_path / "pos.png"
+    table = pos.main(["--anchors", str(anchors), "--decoded", str(decoded), "--bin", "4", "--upto", "8", "--out", str(out),
+                      "--json", str(tmp_path / "t.json")])
+    got = {(r["source"], r["set"], r["from"]): (r["rounds"], r["mean_accept"]) for r in table}
+    assert got == {(pos.HELD, "code", 0): (2, 2.5), (pos.HELD, "code", 4): (2, 4.0),
+                   (pos.DECODED, "code", 0): (2, 2.0), (pos.DECODED, "code", 4): (1, 4.0), (pos.DECODED, "chat", 0): (1, 2.0)}
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and json.loads((tmp_path / "t.json").read_text()) == table
+    other = pos.main(["--anchors", str(anchors), "--head", "other", "--bin", "4", "--upto", "8"])
+    assert [r["rounds"] for r in other] == [1, 1]  # 0 -> 7: one round in each bin
+    for bad in ([], ["--anchors", str(tmp_path / "none.gz")], ["--decoded", str(decoded), "--bin", "0"],
+                ["--anchors", str(anchors), "--head", "missing"]):
+        with pytest.raises(SystemExit):
+            pos.main(bad)
