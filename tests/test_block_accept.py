@@ -44,7 +44,7 @@ def test_each_rounds_accepted_drafts_are_the_teacher_forced_count_at_its_anchor(
         assert {0, CAP} <= depths and depths & {1, 2, 3}  # none, all and some of a round's drafts accepted, each matched
 
 
-def test_a_rows_answer_is_measured_at_every_anchor_on_the_targets_path(tiny_dirs, head):
+def test_a_rows_answer_is_measured_at_every_anchor_on_the_targets_path(tiny_dirs, head, monkeypatch):
     target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], head, drafter_bits=16, max_draft_tokens=CAP)
     prompt = encode_prompt(tok, PROMPTS[0])
     answer = greedy_generate(target, tok, PROMPTS[0], max_new_tokens=40).token_ids
@@ -67,6 +67,11 @@ def test_a_rows_answer_is_measured_at_every_anchor_on_the_targets_path(tiny_dirs
     _, _, other, _ = load_pair(tiny_dirs["qwen3"], head, drafter_bits=4, max_draft_tokens=CAP)
     both = row_accepts(target, [drafter, other], row, CAP)
     assert both[0] == r and both[1] == row_accept(target, other, row, CAP)
+    # A row measured in several passes of anchors (the head's fusion made once) gives the same.
+    import dspark_lab.lab.block_accept as block_accept
+
+    monkeypatch.setattr(block_accept, "ANCHORS_PER_PASS", 7)
+    assert row_accepts(target, [drafter, other], row, CAP) == both
 
 
 def test_the_decode_path_steps_by_each_rounds_commit_and_resumes_past_skipped_anchors():

@@ -107,16 +107,18 @@ def _refuse_causal(drafter) -> None:
 
 
 def accepted_at(target, drafter, ids: list[int], anchors: list[int], cap: int, labels: mx.array | None = None,
-                taps: dict | None = None) -> mx.array:
+                taps: dict | None = None, ctx: mx.array | None = None) -> mx.array:
     """(A, cap) 0/1: draft j at each anchor accepted (it and every draft before it are the target's
-    greedy tokens). `labels`/`taps`: the target's forward over `ids`, when the caller has it."""
+    greedy tokens). `labels`/`taps`: the target's forward over `ids`, when the caller has it;
+    `ctx`: the head's fusion of those taps, when the caller measures the row in several passes."""
     c = drafter.config
     _refuse_causal(drafter)
     cap = min(cap, c.max_drafts)
     x = mx.array([ids], dtype=mx.uint32)
     if labels is None or taps is None:
         taps, labels = target.taps_and_predictions(x, c.target_layer_ids)
-    ctx = drafter.fuse(taps)  # (1, L, H)
+    if ctx is None:
+        ctx = drafter.fuse(taps)  # (1, L, H)
     a = mx.array([anchors], dtype=mx.int32)
     h = _block_forward(drafter.head, c, drafter.embed, ctx, x, a)[0, :, c.logits_start : c.logits_start + cap]  # (A, cap, H)
     logits = drafter.vocab_logits(h)
@@ -152,8 +154,9 @@ def row_accepts(target, drafters: list, row: dict, cap: int, max_len: int = 1024
         head_cap = min(cap, drafter.config.max_drafts)
         anchors = on_path_anchors(ids, path_labels, start, head_cap)
         through, per_anchor = [0] * head_cap, []
+        ctx = drafter.fuse(taps) if anchors else None  # once per head: a long row takes several passes
         for i in range(0, len(anchors), ANCHORS_PER_PASS):
-            got = accepted_at(target, drafter, ids, anchors[i : i + ANCHORS_PER_PASS], head_cap, labels, taps)
+            got = accepted_at(target, drafter, ids, anchors[i : i + ANCHORS_PER_PASS], head_cap, labels, taps, ctx)
             for j, v in enumerate(got.sum(axis=0).tolist()):
                 through[j] += int(v)
             per_anchor += got.sum(axis=1).tolist()
