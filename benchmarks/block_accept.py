@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--against-decode", help="built-in prompt sets (code,math,chat) to decode and compare round by round")
     ap.add_argument("--limit", type=int, default=1, help="with --against-decode: prompts per set")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="with --against-decode")
+    ap.add_argument("--rows-out", type=Path, metavar="FILE.jsonl.gz",
+                    help="with --against-decode: the decoded answers as rows (ids, prompt_len, set, prompt_id) for --data")
     ap.add_argument("--dtype", help="load the target in this dtype (float32: no bfloat16 ties; on a CPU the fast one)")
     ap.add_argument("--dequantize", action="store_true",
                     help="the target's quantized layers as plain ones holding the same weights: on a CPU, with --dtype float32 "
@@ -238,16 +240,22 @@ def against_decode(a) -> dict:
 
     target, tok = load_target(a.model, dtype=a.dtype, dequantize=a.dequantize)
     drafter = cast_head(load_dspark(a.head[0], target, bits=a.drafter_bits), a.dtype)
-    checks = []
+    checks, decoded = [], []
     for name in a.against_decode.split(","):
         for p in load_prompt_set(name).prompts[: a.limit]:
-            rounds, counted = decode_rounds(target, tok, drafter, p.as_input(), a.cap, a.max_new_tokens)
+            rounds, counted, row = decode_rounds(target, tok, drafter, p.as_input(), a.cap, a.max_new_tokens)
+            decoded.append(dict(row, set=name, prompt_id=p.id))
             checks.append({"prompt": p.id, "rounds": rounds, "teacher_forced": counted, "equal": rounds == counted})
             print(f"{p.id}: {len(rounds)} rounds, {'equal' if rounds == counted else 'parted'}: decode {rounds}, "
                   f"teacher-forced {counted}", flush=True)
     out = {"model": a.model, "head": a.head[0], "cap": a.cap, "dtype": a.dtype, "dequantized": a.dequantize, "checks": checks}
     if a.json:
         a.json.write_text(json.dumps(out, indent=2))
+    if a.rows_out:  # the decoded answers as rows: measure them teacher-forced like any held-out rows (--data)
+        import gzip
+
+        with gzip.open(a.rows_out, "wt") as f:
+            f.writelines(json.dumps(r) + "\n" for r in decoded)
     return out
 
 

@@ -35,8 +35,11 @@ def test_each_rounds_accepted_drafts_are_the_teacher_forced_count_at_its_anchor(
                                         max_draft_tokens=CAP)
     compared, depths = 0, set()
     for p in PROMPTS[:6]:
-        rounds, counted = decode_rounds(target, tok, drafter, p, CAP, 48)
+        rounds, counted, row = decode_rounds(target, tok, drafter, p, CAP, 48)
         assert counted == rounds, p
+        # the decoded text as a row: measured teacher-forced, its path is the decode's rounds
+        assert row["ids"][: row["prompt_len"]] == encode_prompt(tok, p) and len(row["ids"]) == row["prompt_len"] + 48
+        assert row_accept(target, drafter, row, CAP).path[: len(rounds)] == rounds, p
         compared += len(rounds)
         depths |= set(rounds)
     assert compared >= 30
@@ -174,8 +177,17 @@ def test_the_benchmark_checks_itself_against_decoding(tiny_dirs, heads, tmp_path
 
     mod = load_script("block_accept")
     out = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"]), "--drafter-bits", "16", "--cap", str(CAP),
-                    "--against-decode", "code,chat", "--limit", "2", "--max-new-tokens", "40", "--json", str(tmp_path / "c.json")])
+                    "--against-decode", "code,chat", "--limit", "2", "--max-new-tokens", "40", "--json", str(tmp_path / "c.json"),
+                    "--rows-out", str(tmp_path / "rows.jsonl.gz")])
     assert [c["prompt"] for c in out["checks"]] == ["code-001", "code-002", "chat-001", "chat-002"]
+    import gzip
+
+    with gzip.open(tmp_path / "rows.jsonl.gz", "rt") as f:  # --rows-out: the decoded answers, ready for --data
+        rows = [json.loads(line) for line in f]
+    assert [(r["set"], r["prompt_id"]) for r in rows] == [("code", "code-001"), ("code", "code-002"), ("chat", "chat-001"), ("chat", "chat-002")]
+    measured = mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"]), "--drafter-bits", "16", "--cap", str(CAP),
+                         "--data", str(tmp_path / "rows.jsonl.gz"), "--rows", "0"])["heads"][str(heads["repeat"])]
+    assert measured["rows"] == 4 and measured["path"]["rounds"] >= sum(len(c["rounds"]) for c in out["checks"])
     assert all(c["equal"] and c["rounds"] for c in out["checks"])
     with pytest.raises(SystemExit):
         mod.main(["--model", str(tiny_dirs["qwen3"]), "--head", str(heads["repeat"])])  # neither --data nor --against-decode

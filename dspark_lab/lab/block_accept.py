@@ -177,11 +177,12 @@ def path_mean_accept(rows: list[RowAccept]) -> float:
     return 1 + sum(sum(r.path) for r in rows) / n if n else float("nan")
 
 
-def decode_rounds(target, tokenizer, drafter, prompt, cap: int, max_new_tokens: int) -> tuple[list[int], list[int]]:
+def decode_rounds(target, tokenizer, drafter, prompt, cap: int, max_new_tokens: int) -> tuple[list[int], list[int], dict]:
     """Decode `prompt` greedily with the head (no lookup drafts), then count the teacher-forced
     accepts at the anchors its rounds started from, on the decoded text: (the decode's accepted
     drafts per round, the teacher-forced counts), for every round that drafted `cap` tokens with
-    `cap` labels after its anchor. They agree wherever no draft's verdict hangs on a near-tie of
+    `cap` labels after its anchor, and the decoded text as a row ({"ids", "prompt_len"}: the
+    rows `row_accepts` measures). They agree wherever no draft's verdict hangs on a near-tie of
     the target's logits (a verify of another width can order a tie the other way)."""
     from ..engine.speculative import speculative_generate
     from ..engine.text import encode_prompt
@@ -196,4 +197,4 @@ def decode_rounds(target, tokenizer, drafter, prompt, cap: int, max_new_tokens: 
             rounds.append(accepted - 1)
         a += accepted
     counted = accepted_at(target, drafter, full, anchors, cap).sum(axis=-1).tolist() if anchors else []
-    return rounds, counted
+    return rounds, counted, {"ids": full, "prompt_len": len(ids)}
