@@ -118,7 +118,7 @@ calls=$(( $(cat "$snap/calls" 2>/dev/null || echo 0) + 1 )); echo "$calls" > "$s
 skip_rows=""
 [ $((calls % 4)) -ne 0 ] && [ -n "$pending" ] && [ -n "$rows_sum" ] && [ "$rows_sum" = "$(cat "$snap/rows_sent" 2>/dev/null)" ] && skip_rows=1
 files=$(cd "$run" && ls generated.jsonl README.md eval.json pipeline.json overlap.json train_log.jsonl distill.log eval.log timing.log \
-  self_instruct.log self_*.jsonl.gz quantize.log eval_float.json eval_float.log held.json held.log precision.json precision.log sweep.json sweep.log ${HEAD:+$HEAD/README.md} 2>/dev/null | { if [ -n "$skip_rows" ]; then grep -vx generated.jsonl; else cat; fi })
+  self_instruct.log self_*.jsonl.gz quantize.log eval_float.json eval_float.log held.json held.log held_anchors.jsonl.gz precision.json precision.log sweep.json sweep.log ${HEAD:+$HEAD/README.md} 2>/dev/null | { if [ -n "$skip_rows" ]; then grep -vx generated.jsonl; else cat; fi })
 if [ -n "$files" ]; then
   tar czf "$out/results.tar.gz" -C "$run" $files
   [ -z "$skip_rows" ] && [ -n "$rows_sum" ] && echo "$rows_sum" > "$snap/rows_sent"

@@ -151,10 +151,13 @@ evaluate "$head" "$bits" "$run/eval.json" "$run/eval.log"
 # from docs/results): the kept head's teacher-forced accept length at every answer position of
 # HELD_ROWS of them (benchmarks/block_accept.py: per anchor, what a decode accepts in a round
 # starting there), and INIT's head beside it on the same anchors, paired: tens of thousands of
-# anchors, where the evaluation above decodes 24 prompts.
+# anchors, where the evaluation above decodes 24 prompts. Beside the whole answers, their first 128
+# tokens (what the evaluation decodes), and every anchor's result (held_anchors.jsonl.gz) for
+# accept_by_segment.py and plot_accept_by_position.py at home.
 if [ -n "${HELD:-}" ]; then
   python3 benchmarks/block_accept.py --model "$model" ${INIT:+--head "$INIT"} --head "$head" --drafter-bits "$bits" --data "$HELD" \
-    --rows "${HELD_ROWS:-0}" --cap "$cap" --cache-gb 4 --json "$run/held.json" > "$run/held.log" 2>&1
+    --rows "${HELD_ROWS:-0}" --cap "$cap" --cache-gb 4 --first 128 --json "$run/held.json" --anchors-out "$run/held_anchors.jsonl.gz" \
+    > "$run/held.log" 2>&1
   echo "$name held-out rows rc=$? at ${SECONDS}s"; grep "mean accept\|decode's path\| - " "$run/held.log"
 fi
 # TIMING: overlap (launch_overlap.py at launch_every 0 and 4), pipeline (pipeline_speed.py: mlx_lm,

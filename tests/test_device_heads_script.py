@@ -248,7 +248,7 @@ def test_held_rows_measure_the_kept_head_beside_init_on_the_same_anchors(tmp_pat
     held = [c for c in calls if "block_accept.py" in c]
     assert len(held) == 1 and "held-out rows rc=0" in out
     assert (f"--head /root/ship/data/head --head {run}/q4 --drafter-bits 4 --data /root/ship/data/held30_qwen15.jsonl.gz "
-            f"--rows 0 --cap 7 --cache-gb 4 --json {run}/held.json") in held[0]  # the cache capped: two runs share a GPU
+            f"--rows 0 --cap 7 --cache-gb 4 --first 128 --json {run}/held.json --anchors-out {run}/held_anchors.jsonl.gz") in held[0]  # the cache capped: two runs share a GPU
     assert calls.index(held[0]) == next(i for i, c in enumerate(calls) if "lossless_check.py" in c) + 1  # right after the evaluation
     (tmp_path / "none").mkdir()
     out, calls, _ = run_script(tmp_path / "none", name="qwen15")
