@@ -1,9 +1,10 @@
 """Teacher-forced accept length of one or more DSpark heads on rows the target wrote greedily.
 
     python benchmarks/block_accept.py --model MODEL --head A [--head B ...] --data ROWS.jsonl(.gz) \
-        [--rows 400] [--answer-tokens N] [--first N ...] [--dtype float32 --dequantize] [--cap 7] [--drafter-bits 4] [--seed 0] [--cache-gb 4] [--json OUT.json]
+        [--rows 400] [--answer-tokens N] [--first N ...] [--cap 7] [--drafter-bits 4] [--seed 0] [--cache-gb 4] \
+        [--dtype float32 [--dequantize]] [--json OUT.json] [--anchors-out ANCHORS.jsonl.gz]
     python benchmarks/block_accept.py --model MODEL --head A --against-decode code,math [--limit 1] \
-        [--max-new-tokens 64] [--dtype float32]
+        [--max-new-tokens 64] [--dtype float32 [--dequantize]] [--rows-out ROWS.jsonl.gz]
     python benchmarks/block_accept.py --compare RUN_A/held.json RUN_B/held.json
 
 At every answer position of each row (a distill data file's generated rows, or any JSONL of
