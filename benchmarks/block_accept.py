@@ -21,7 +21,7 @@ over every anchor, which weighs easy stretches more (a decode crosses them in fe
 decodes N (the built-in sets' evaluation decodes 128: an answer's opening differs from its body);
 `--first N` gives that cut beside the whole answers, from the same forwards (exactly equal).
 On a Linux CPU, `--dtype float32 --dequantize --drafter-bits 16` with benchmarks/cpu_blas.sh's
-library loaded runs the 1.5B at about 10 s a 260-token row (MLX's 4-bit and bfloat16 CPU kernels
+library loaded runs the 1.5B at about 11 s a held-out row (MLX's 4-bit and bfloat16 CPU kernels
 take minutes): the head's stored 4-bit values and the target's, as float32.
 Rows must not be in the heads' training data: a distill run's rows are not held out, a later
 round's generated rows are (e.g. `docs/results/held30_qwen15.jsonl.gz`, never trained on).
