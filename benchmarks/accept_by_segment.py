@@ -16,6 +16,7 @@ there. A kind under --min-share of its set's anchors is folded into "other".
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import os
@@ -64,16 +65,10 @@ def token_kinds(pieces: list[str]) -> list[str]:
     out, at = [], 0
     for piece in pieces:
         first = at + (len(piece) - len(piece.lstrip("\n")) if piece.strip("\n") else 0)
-        i = max(0, _last_le(starts, first))
+        i = max(0, bisect.bisect_right(starts, first) - 1)  # the last line starting at or before it
         out.append(lines[i][1])
         at += len(piece)
     return out
-
-
-def _last_le(values: list[int], x: int) -> int:
-    import bisect
-
-    return bisect.bisect_right(values, x) - 1
 
 
 def by_segment(rows: list[dict], anchors: list[dict], tokenizer, min_share: float = 0.01) -> list[dict]:
