@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import gzip
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from plot_accept_by_position import path_rounds  # noqa: E402
+from plot_accept_by_position import head_anchors, path_rounds  # noqa: E402
 from plot_held_accept import base_set  # noqa: E402
 from unanswered_prompts import read_jsonl  # noqa: E402
 
@@ -121,13 +120,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ap.error(f"{path}: no such file")
     from dspark_lab.engine.loading import load_tokenizer
 
-    with gzip.open(a.anchors, "rt") if a.anchors.suffix == ".gz" else a.anchors.open() as f:
-        anchors = [json.loads(line) for line in f if line.strip()]
-    heads = list(dict.fromkeys(x["head"] for x in anchors))
-    head = heads[0] if a.head is None else next((h for h in heads if h.rstrip("/").endswith(a.head.rstrip("/"))), None)
-    if head is None:
-        ap.error(f"--head {a.head}: none of {', '.join(heads)} in {a.anchors}")
-    table = by_segment(read_jsonl(a.rows), [x for x in anchors if x["head"] == head], load_tokenizer(a.model), a.min_share)
+    head, anchors = head_anchors(a.anchors, a.head)
+    table = by_segment(read_jsonl(a.rows), anchors, load_tokenizer(a.model), a.min_share)
     for r in table:
         print(f"{r['set']:<6} {r['kind']:<18} {r['anchors']:>7} anchors ({r['share']:>5.1%})  every anchor {r['mean_accept']:.3f}"
               f"  path {r['path_mean_accept'] or float('nan'):.3f} over {r['path_rounds']} rounds")

@@ -16,8 +16,6 @@ code). Prints the table; the chart has a line per set and source.
 from __future__ import annotations
 
 import argparse
-import bisect
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -25,19 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from plot_held_accept import GOALS, SETS, base_set  # noqa: E402
+from dspark_lab.lab.block_accept import decode_path_rounds as path_rounds  # noqa: E402: a row's rounds, where each starts
+from plot_held_accept import GOALS, SETS, base_set, pick_head  # noqa: E402
+from unanswered_prompts import read_jsonl  # noqa: E402
 
 HELD, DECODED = "held-out rows (teacher-forced path)", "built-in prompts (decoded)"
-
-
-def path_rounds(offsets: list[int], accepted: list[int]) -> list[tuple[int, int]]:
-    """(answer position, accepted drafts) of each round a decode runs along a row, from its
-    anchors (lab/block_accept.decode_path's walk, keeping where each round starts)."""
-    out, i = [], 0
-    while i < len(offsets):
-        out.append((offsets[i], accepted[i]))
-        i = bisect.bisect_left(offsets, offsets[i] + accepted[i] + 1, lo=i + 1)
-    return out
 
 
 def decoded_rounds(rounds: list[int]) -> list[tuple[int, int]]:
@@ -63,17 +53,18 @@ def by_position(rounds: dict[tuple[str, str], list[tuple[int, int]]], bin_size: 
     return table
 
 
+def head_anchors(path: Path, head: str | None) -> tuple[str, list[dict]]:
+    """The head a `block_accept.py --anchors-out` file holds by that name (its path or the end of
+    it; the first by default) and its rows."""
+    rows = read_jsonl(path)
+    pick = pick_head(dict.fromkeys(r["head"] for r in rows), head)
+    return pick, [r for r in rows if r["head"] == pick]
+
+
 def read_anchors(path: Path, head: str | None) -> dict[tuple[str, str], list[tuple[int, int]]]:
-    with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    heads = list(dict.fromkeys(r["head"] for r in rows))
-    pick = heads[0] if head is None else next((h for h in heads if h == head or h.rstrip("/").endswith(head.rstrip("/"))), None)
-    if pick is None:
-        raise SystemExit(f"--head {head}: none of {', '.join(heads)} in {path}")
     out: dict = {}
-    for r in rows:
-        if r["head"] == pick:
-            out.setdefault((HELD, base_set(r["set"])), []).extend(path_rounds(r["offsets"], r["accepted"]))
+    for r in head_anchors(path, head)[1]:
+        out.setdefault((HELD, base_set(r["set"])), []).extend(path_rounds(r["offsets"], r["accepted"]))
     return out
 
 

@@ -42,14 +42,33 @@ ANCHORS_PER_PASS = 512  # anchors per head pass over one row (its block attentio
 
 @dataclass
 class RowAccept:
+    """One head's teacher-forced result on one row: each anchor's accepted drafts, from which the
+    sums, the per-position counts and the decode's path are derived."""
+
     prompt_id: str
     set: str
-    anchors: int
-    accepted: int  # accepted drafts summed over the anchors
-    through: list[int] = field(default_factory=list)  # anchors whose drafts 0..j were all accepted, per j
-    path: list[int] = field(default_factory=list)  # accepted drafts per round of a decode along the row
+    cap: int  # drafts checked at each anchor
     offsets: list[int] = field(default_factory=list)  # each anchor's distance from the first answer token
     per_anchor: list[int] = field(default_factory=list)  # each anchor's accepted drafts
+
+    @property
+    def anchors(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def accepted(self) -> int:
+        """Accepted drafts summed over the anchors."""
+        return sum(self.per_anchor)
+
+    @property
+    def through(self) -> list[int]:
+        """Anchors whose drafts 0..j were all accepted, per j (accepts are leading runs)."""
+        return [sum(n > j for n in self.per_anchor) for j in range(self.cap)]
+
+    @property
+    def path(self) -> list[int]:
+        """Accepted drafts per round of a decode along the row (decode_path)."""
+        return decode_path(self.offsets, self.per_anchor)
 
     @property
     def mean_accept(self) -> float:
@@ -61,16 +80,14 @@ class RowAccept:
         drafts all fall among them. The head is bidirectional within a block and the target
         causal, so an anchor's drafts and labels do not depend on what follows its block: this is
         exactly what measuring the cut row gives (unless --max-len cut the whole row's prompt)."""
-        cap = len(self.through)
-        keep = [i for i, o in enumerate(self.offsets) if o <= answer_tokens - cap]
-        offsets, per_anchor = [self.offsets[i] for i in keep], [self.per_anchor[i] for i in keep]
-        return RowAccept(self.prompt_id, self.set, len(keep), sum(per_anchor), [sum(v > j for v in per_anchor) for j in range(cap)],
-                         decode_path(offsets, per_anchor), offsets, per_anchor)
+        keep = [i for i, o in enumerate(self.offsets) if o <= answer_tokens - self.cap]
+        return RowAccept(self.prompt_id, self.set, self.cap, [self.offsets[i] for i in keep], [self.per_anchor[i] for i in keep])
 
     @property
     def path_mean_accept(self) -> float:
         """Tokens a round commits on the decode's path along this row, on average."""
-        return 1 + sum(self.path) / len(self.path) if self.path else float("nan")
+        path = self.path
+        return 1 + sum(path) / len(path) if path else float("nan")
 
 
 def on_path_anchors(ids: list[int], labels: list[int], start: int, cap: int) -> list[int]:
@@ -88,16 +105,21 @@ def on_path_anchors(ids: list[int], labels: list[int], start: int, cap: int) -> 
     return good
 
 
-def decode_path(anchors: list[int], accepted: list[int]) -> list[int]:
+def decode_path_rounds(anchors: list[int], accepted: list[int]) -> list[tuple[int, int]]:
     """The rounds a greedy decode would run along a row, given each anchor's accepted drafts
     (`anchors` ascending, the first the first answer token's): round 0 drafts at the first anchor
     and each round's next starts `accepted + 1` tokens on, or at the next anchor after that where
-    the row left the target's greedy path there. The accepted drafts per round."""
+    the row left the target's greedy path there. (anchor, accepted drafts) per round."""
     rounds, i = [], 0
     while i < len(anchors):
-        rounds.append(accepted[i])
+        rounds.append((anchors[i], accepted[i]))
         i = bisect.bisect_left(anchors, anchors[i] + accepted[i] + 1, lo=i + 1)
     return rounds
+
+
+def decode_path(anchors: list[int], accepted: list[int]) -> list[int]:
+    """The accepted drafts of each round of decode_path_rounds."""
+    return [n for _, n in decode_path_rounds(anchors, accepted)]
 
 
 def _refuse_causal(drafter) -> None:
@@ -153,15 +175,12 @@ def row_accepts(target, drafters: list, row: dict, cap: int, max_len: int = 1024
     for drafter in drafters:
         head_cap = min(cap, drafter.config.max_drafts)
         anchors = on_path_anchors(ids, path_labels, start, head_cap)
-        through, per_anchor = [0] * head_cap, []
+        per_anchor = []
         ctx = drafter.fuse(taps) if anchors else None  # once per head: a long row takes several passes
         for i in range(0, len(anchors), ANCHORS_PER_PASS):
             got = accepted_at(target, drafter, ids, anchors[i : i + ANCHORS_PER_PASS], head_cap, labels, taps, ctx)
-            for j, v in enumerate(got.sum(axis=0).tolist()):
-                through[j] += int(v)
             per_anchor += got.sum(axis=1).tolist()
-        out.append(RowAccept(str(row.get("prompt_id", "")), str(row.get("set", "")), len(anchors), sum(through), through,
-                             decode_path(anchors, per_anchor), [a - start for a in anchors], per_anchor))
+        out.append(RowAccept(str(row.get("prompt_id", "")), str(row.get("set", "")), head_cap, [a - start for a in anchors], per_anchor))
     return out
 
 
