@@ -76,14 +76,10 @@ def cast_head(drafter, dtype: str | None):
     target's: on a CPU a bfloat16 head, not the target, would set the pace (MLX's CPU kernels
     call BLAS for float32 only). With --drafter-bits 16 a 4-bit head's stored values become
     plain float32 weights, exactly."""
-    if dtype is None:
-        return drafter
-    import mlx.core as mx
-    from mlx.utils import tree_map
+    from dspark_lab.engine.loading import cast_floats
 
-    want = getattr(mx, dtype)
-    drafter.head.update(tree_map(lambda p: p.astype(want) if mx.issubdtype(p.dtype, mx.floating) else p, drafter.head.parameters()))
-    mx.eval(drafter.head.parameters())
+    if dtype is not None:
+        cast_floats(drafter.head, dtype)
     return drafter
 
 

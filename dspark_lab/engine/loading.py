@@ -316,6 +316,17 @@ def load_tokenizer(repo_or_path: str | os.PathLike, *, trust_remote_code: bool =
     return mlx_lm_tokenizer(model_dir, eos_token_ids=eos)
 
 
+def cast_floats(module, dtype: str) -> None:
+    """Cast a module's float parameters (a quantized layer's scales and biases too) to `dtype`
+    in place; integer ones (packed quantized weights) stay as they are."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    want = getattr(mx, dtype)
+    module.update(tree_map(lambda p: p.astype(want) if mx.issubdtype(p.dtype, mx.floating) else p, module.parameters()))
+    mx.eval(module.parameters())
+
+
 def load_target(
     repo_or_path: str | os.PathLike,
     *,
@@ -356,12 +367,7 @@ def load_target(
     else:
         model, tokenizer, config = load_mlx_lm(model_dir, trust_remote_code=trust_remote_code)
     if dtype is not None:
-        import mlx.core as mx
-        from mlx.utils import tree_map
-
-        want = getattr(mx, dtype)
-        model.update(tree_map(lambda p: p.astype(want) if mx.issubdtype(p.dtype, mx.floating) else p, model.parameters()))
-        mx.eval(model.parameters())
+        cast_floats(model, dtype)
     elif advice := cpu_dtype_advice(model, str(repo_or_path)):
         warnings.warn(advice, SlowDtypeWarning, stacklevel=2)
     if quantize is not None and quantize not in SUPPORTED_QUANT_BITS:
