@@ -19,8 +19,9 @@ Every request is cleaned (a leading "Sure, here is a request:" line and wrapping
 and kept only if the target finished it within --max-tokens (a request cut off mid-sentence is
 not one a user sends), it is 30-1,500 characters, not a duplicate and not a built-in prompt. With
 `--target-weights auto` (distill's rule) a quantized target writes through its dequantized copy,
-much faster at these batch sizes (docs/performance.md, tenth round). On the GPU machine only:
-on a CPU this is slow, and nothing here may download a model.
+much faster at these batch sizes (docs/performance.md, tenth round). Meant for the GPU machine;
+on a Linux CPU, `--dtype float32` with benchmarks/cpu_blas.sh preloaded writes a few dozen
+requests in minutes (the thirty-second round). Nothing here may download a model.
 """
 
 from __future__ import annotations
@@ -168,6 +169,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--keep-unfinished", action="store_true", help="keep requests still being written at --max-tokens")
     ap.add_argument("--target-weights", default="auto", choices=["auto", "dequantized", "as-loaded"])
+    ap.add_argument("--dtype", help="write with a dequantized copy in this dtype instead (on a Linux CPU: float32, with "
+                                    "benchmarks/cpu_blas.sh preloaded, the only fast one); overrides --target-weights")
     a = ap.parse_args(argv)
     from dspark_lab.engine.loading import load_target
     from dspark_lab.lab.distill import training_copy
@@ -175,8 +178,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from synthetic_prompts import builtin_texts, write_prompt_file
 
-    target, tokenizer = load_target(a.model)
-    target, _, why = training_copy(a.model, target, a.target_weights)
+    if a.dtype:
+        target, tokenizer = load_target(a.model, dtype=a.dtype, dequantize=True)
+        why = f"a dequantized {a.dtype} copy (--dtype)"
+    else:
+        target, tokenizer = load_target(a.model)
+        target, _, why = training_copy(a.model, target, a.target_weights)
     print(f"writing with {why}")
     rows = self_instruct(target, tokenizer, a.kind, a.n, seed=a.seed, temperature=a.temperature, batch=a.batch,
                          max_tokens=a.max_tokens, exclude=builtin_texts(a.kind), keep_unfinished=a.keep_unfinished, style=a.style)

@@ -89,3 +89,23 @@ def test_detailed_requests_are_named_so_and_an_unknown_style_is_refused(tiny_dir
     assert rows and all(r["id"].startswith("selfcode-detailed-") and r["domain"] == "code" for r in rows)
     with pytest.raises(SystemExit, match="--style must be one of brief, detailed"):
         si.self_instruct(target, tok, "code", 3, style="long", say=lambda m: None)
+
+
+def test_dtype_writes_with_a_dequantized_copy_in_that_dtype(tiny_bf16_dir, tmp_path, monkeypatch, capsys):
+    """--dtype float32 (a Linux CPU's fast dtype, with benchmarks/cpu_blas.sh) writes with a float32
+    copy of a bfloat16 model; without it the model writes as loaded."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    seen = []
+
+    def fake(target, tokenizer, kind, n, **kw):
+        seen.append({p.dtype for _, p in tree_flatten(target.model.parameters())})
+        return [{"id": "selfcode-00001", "domain": kind, "messages": [{"role": "user", "content": "Write a Go function that sums a slice."}]}]
+
+    monkeypatch.setattr(si, "self_instruct", fake)
+    args = ["--model", str(tiny_bf16_dir), "--kind", "code", "--n", "1", "--out", str(tmp_path / "r.jsonl.gz")]
+    si.main(args + ["--dtype", "float32"])
+    assert "a dequantized float32 copy" in capsys.readouterr().out
+    si.main(args + ["--target-weights", "as-loaded"])
+    assert seen == [{mx.float32}, {mx.bfloat16}]

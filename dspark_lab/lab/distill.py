@@ -434,34 +434,37 @@ def slot_targets(c: DSparkConfig, tokens, anchors, length=None, slot_decay: floa
     Markov term is fed before it, and the slot's weight in the loss (0 where it has no label).
     Data only (tokens, labels, anchors): no head involved, so a step can know its labelled slots
     before the head runs. The rules are `block_loss_terms`'s."""
-    B, L, bs = tokens.shape[0], tokens.shape[1], c.block_size
+    L, bs = tokens.shape[1], c.block_size
     pos = anchors[..., None] + mx.arange(bs)  # (B, A, bs): position of each slot's previous token
     limit = L if length is None else length[:, None, None]
-    at = lambda src, p: mx.take_along_axis(src, mx.minimum(p, L - 1).reshape(B, -1), axis=1).reshape(p.shape)  # noqa: E731
     if labels is None:
         valid = (pos + 1) < limit
-        targets, prev = at(tokens, pos + 1), at(tokens, pos)
+        targets, prev = _at_positions(tokens, pos + 1), _at_positions(tokens, pos)
     else:
         valid = pos < limit  # a label exists after every real position, the last one too
-        targets = at(labels, pos)
-        prev = mx.concatenate([at(tokens, pos[..., :1]), at(labels, pos[..., :-1])], axis=-1)
+        targets = _at_positions(labels, pos)
+        prev = mx.concatenate([_at_positions(tokens, pos[..., :1]), _at_positions(labels, pos[..., :-1])], axis=-1)
     if labels is not None and chain:
-        follows = mx.cumprod((at(tokens, pos + 1) == targets).astype(mx.float32), axis=-1)  # slots 0..k on the target's path
+        follows = mx.cumprod((_at_positions(tokens, pos + 1) == targets).astype(mx.float32), axis=-1)  # slots 0..k on the target's path
         valid = valid * mx.concatenate([mx.ones_like(follows[..., :1]), follows[..., :-1]], axis=-1)
     return targets, prev, valid * (slot_decay ** mx.arange(bs, dtype=mx.float32))
 
 
-def slot_soft(c: DSparkConfig, soft, anchors, length: int):
+def slot_soft(c: DSparkConfig, soft, anchors):
     """The soft labels of every block slot: (top ids, probabilities), each (B, A, block, k),
     gathered from the target's (B, L, k) at the positions `slot_targets` takes slot labels from."""
-    B, bs = anchors.shape[0], c.block_size
-    pos = mx.minimum(anchors[..., None] + mx.arange(bs), length - 1).reshape(B, -1, 1)  # (B, A * bs, 1)
+    pos = anchors[..., None] + mx.arange(c.block_size)
+    return _at_positions(soft[0], pos), _at_positions(soft[1], pos)
 
-    def at(src):
-        k = src.shape[-1]
-        return mx.take_along_axis(src, mx.broadcast_to(pos, (B, pos.shape[1], k)), axis=1).reshape(*anchors.shape, bs, k)
 
-    return at(soft[0]), at(soft[1])
+def _at_positions(src: mx.array, pos: mx.array) -> mx.array:
+    """src (B, L) or (B, L, k) taken at positions pos (B, A, block), a position past the end
+    reading the last one (its slot carries no weight): (B, A, block) or (B, A, block, k)."""
+    B, L = src.shape[:2]
+    flat = mx.minimum(pos, L - 1).reshape(B, -1)
+    if src.ndim == 3:
+        flat = mx.broadcast_to(flat[..., None], (*flat.shape, src.shape[-1]))
+    return mx.take_along_axis(src, flat, axis=1).reshape(*pos.shape, *src.shape[2:])
 
 
 def labelled_rows(weight: mx.array, multiple: int = 256) -> tuple[mx.array, mx.array]:
@@ -583,7 +586,7 @@ def block_loss_terms(head: DSparkHead, c: DSparkConfig, embed, lm_head, taps_cat
     hidden = _block_forward(head, c, embed, ctx, tokens, anchors)  # (B, A, bs, H)
     targets, prev, weight = slot_targets(c, tokens, anchors, length, slot_decay, labels, chain)
     if soft is not None:
-        soft = slot_soft(c, soft, anchors, tokens.shape[1])
+        soft = slot_soft(c, soft, anchors)
     if rows is not None:
         index, keep = rows
         hidden = hidden.reshape(-1, hidden.shape[-1])[index]
