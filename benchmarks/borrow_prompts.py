@@ -1,7 +1,7 @@
 """One prompt file of the requests other models' rounds wrote, less those this model answered already.
 
     python benchmarks/borrow_prompts.py PROMPTS.jsonl.gz ... --model DIR --answered ROWS.jsonl.gz ... \
-        --out FILE.jsonl.gz [--seed 0] [--count N]
+        --out FILE.jsonl.gz [--seed 0] [--count N [--rest REST.jsonl.gz]] [--asks-for code|other]
 
 The 1.5B's head learns from 7,025 of its own answers, the 0.5B's from 38,261 (docs/performance.md,
 twenty-sixth round): most requests in the data were written by, and answered by, the 0.5B. Its
@@ -21,6 +21,9 @@ spending minutes writing new ones.
   whose answers no head trains on (list their answers under --answered from then on, so that no
   later borrowed file asks them again). `--rest FILE` writes the others to FILE: a new prompt
   file split in one step into a held-out sample and the requests to train on.
+- `--asks-for code` keeps the requests about code only (a code set's, and the chat requests whose
+  words are a programmer's: `sharegpt_requests.asks_for_code`), `--asks-for other` the rest. People's
+  code requests are where the 1.5B's head drafts worst (docs/performance.md, thirty-second round).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dspark_lab.engine.loading import load_tokenizer  # noqa: E402
 from dspark_lab.engine.text import encode_prompt  # noqa: E402
 from dspark_lab.lab.prompts import load_prompt_set  # noqa: E402
+from dspark_lab.lab.prompts.core import Prompt  # noqa: E402
+from sharegpt_requests import asks_for_code  # noqa: E402
 from synthetic_prompts import write_prompt_file  # noqa: E402
 from unanswered_prompts import read_jsonl  # noqa: E402
 
@@ -45,14 +50,26 @@ def answered_prompts(rows: list[dict], model_name: str) -> set[tuple[int, ...]]:
     return {tuple(r["ids"][: r["prompt_len"]]) for r in rows if r.get("model") == model_name and "prompt_len" in r}
 
 
-def borrow(files: list[Path], tokenizer, answered: set[tuple[int, ...]], seed: int, say=print) -> list[dict]:
+def is_code_request(p: Prompt) -> bool:
+    """A code request: a code set's, or a chat request whose last user turn is about code."""
+    if p.domain == "code":
+        return True
+    turns = p.messages if p.messages is not None else [{"role": "user", "content": p.text or ""}]
+    return asks_for_code(next((m["content"] for m in reversed(turns) if m.get("role") == "user"), ""))
+
+
+def borrow(files: list[Path], tokenizer, answered: set[tuple[int, ...]], seed: int, say=print, asks_for: str = "") -> list[dict]:
     kept: list[dict] = []
     for path in files:
         prompt_set = load_prompt_set(str(path))  # validated; chat messages or plain text alike
         # The ids distill feeds the model for this prompt (distill.py encodes p.as_input() the same way).
         fresh = [p for p in prompt_set.prompts if tuple(encode_prompt(tokenizer, p.as_input())) not in answered]
+        kind = ""
+        if asks_for:
+            fresh = [p for p in fresh if is_code_request(p) == (asks_for == "code")]
+            kind = f" and {'about' if asks_for == 'code' else 'not about'} code"
         kept += [{**p.to_dict(), "id": f"{prompt_set.name}/{p.id}"} for p in fresh]
-        say(f"{prompt_set.name}: {len(fresh)} of {len(prompt_set.prompts)} requests not yet answered by this model")
+        say(f"{prompt_set.name}: {len(fresh)} of {len(prompt_set.prompts)} requests not yet answered by this model{kind}")
     random.Random(seed).shuffle(kept)
     return kept
 
@@ -67,6 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--count", type=int, default=0, help="keep the first N shuffled requests (0: all)")
     ap.add_argument("--rest", type=Path, help="with --count: write the requests after the first N here (a held-out "
                                                "sample in --out and the rest to train on, disjoint)")
+    ap.add_argument("--asks-for", choices=["code", "other"], default="",
+                    help="keep only the requests about code (a code set's, or a chat request using code words: "
+                         "sharegpt_requests.asks_for_code), or only the others")
     a = ap.parse_args(argv)
     if a.count < 0:
         ap.error(f"--count must be >= 0 (0: every request), got {a.count}")
@@ -78,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [row for path in a.answered for row in read_jsonl(path)]
     answered = answered_prompts(rows, a.model.name)
     print(f"{len(answered)} prompts answered by {a.model.name} in {len(rows)} rows")
-    kept = borrow(a.prompt_files, load_tokenizer(a.model), answered, a.seed)
+    kept = borrow(a.prompt_files, load_tokenizer(a.model), answered, a.seed, asks_for=a.asks_for)
     rest = kept[a.count :] if a.count else []
     if a.count:
         kept = kept[: a.count]

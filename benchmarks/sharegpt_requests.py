@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -31,6 +32,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dspark_lab.lab.corpus import sharegpt_conversations  # noqa: E402
 from synthetic_prompts import write_prompt_file  # noqa: E402
 from unanswered_prompts import read_jsonl  # noqa: E402
+
+
+# Words a request about code uses: a fence, a language or framework, or a programming word, each
+# whole (\b: "rust" is not "trust", "script" not "description"). A heuristic: a TV programme or a
+# maths "function" passes too, which costs a chat row counted as code, never a wrong token.
+_CODE_WORDS = re.compile(
+    r"```|\b(?:code|coding|function|method|class|scripts?|program(?:s|ming)?|api|sql|regex|json|html|css|bash|shell|"
+    r"python|javascript|typescript|java|kotlin|swift|golang|rust|php|ruby|scala|perl|haskell|matlab|vba|c\+\+|c#|"
+    r"react|vue|angular|node\.?js|django|flask|pandas|numpy|pytorch|tensorflow|docker|kubernetes|git|compile[sd]?|"
+    r"debug|bug|algorithm|database|query|frontend|backend|endpoint|def|import)(?![\w+#])",
+    re.IGNORECASE,
+)
+
+
+def asks_for_code(text: str) -> bool:
+    """Whether a chat request is about code, by the words it uses (_CODE_WORDS)."""
+    return _CODE_WORDS.search(text) is not None
 
 
 def _fold(text: str) -> str:

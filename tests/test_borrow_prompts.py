@@ -90,3 +90,29 @@ def test_a_negative_count_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         borrow.main([str(f), "--model", str(tmp_path), "--out", str(tmp_path / "o.jsonl.gz"), "--count", "-1"])
     assert "--count must be >= 0" in capsys.readouterr().err
+
+
+def test_asks_for_code_keeps_the_code_requests_or_the_others(tiny_dirs, tmp_path):
+    """--asks-for code: a code set's requests and the chat requests about code; --asks-for other:
+    the rest. The words count whole: "trust" is not Rust, "description" not a script."""
+    sg = load_script("sharegpt_requests")
+    for text in ("Write a simple exponential backoff in Typescript", "can you debug my code ?", "```\nx = 1\n```\nwhy?",
+                 "make a golang cli that lists playbooks", "Full code of a C# .Net 7 program", "what does c++ templates do"):
+        assert sg.asks_for_code(text), text
+    for text in ("I trust you with the description of this film", "What is AI", "Write a tweet about feral pigs",
+                 "a reaction to the classic novel"):
+        assert not sg.asks_for_code(text), text
+
+    model = tiny_dirs["qwen3"]
+    code, chat = tmp_path / "self_code.jsonl.gz", tmp_path / "sg_chat.jsonl.gz"
+    _write(code, [_request(1)])
+    _write(chat, [{"id": "a_0", "domain": "chat", "text": "how do I read a CSV file in python?"},
+                  {"id": "b_0", "domain": "chat", "text": "summarize a book"},
+                  {"id": "c_0", "domain": "chat", "messages": [{"role": "user", "content": "fix this SQL query: SELECT 1"}]}])
+    borrow = load_script("borrow_prompts")
+    kept = {}
+    for kind in ("code", "other"):
+        out = tmp_path / f"{kind}.jsonl.gz"
+        borrow.main([str(code), str(chat), "--model", str(model), "--out", str(out), "--asks-for", kind])
+        kept[kind] = sorted(json.loads(line)["id"] for line in gzip.open(out, "rt"))
+    assert kept == {"code": ["self_code/selfcode-00001", "sg_chat/a_0", "sg_chat/c_0"], "other": ["sg_chat/b_0"]}
