@@ -1,7 +1,7 @@
 """One prompt file of the requests other models' rounds wrote, less those this model answered already.
 
     python benchmarks/borrow_prompts.py PROMPTS.jsonl.gz ... --model DIR --answered ROWS.jsonl.gz ... \
-        --out FILE.jsonl.gz [--seed 0] [--count N [--rest REST.jsonl.gz]] [--asks-for code|other]
+        --out FILE.jsonl.gz [--seed 0] [--count N [--rest REST.jsonl.gz [--drop-twins 0.5]]] [--asks-for code|other]
 
 The 1.5B's head learns from 7,025 of its own answers, the 0.5B's from 38,261 (docs/performance.md,
 twenty-sixth round): most requests in the data were written by, and answered by, the 0.5B. Its
@@ -20,7 +20,8 @@ spending minutes writing new ones.
 - `--count N` keeps the first N of the shuffled records: a fixed sample, e.g. held-out requests
   whose answers no head trains on (list their answers under --answered from then on, so that no
   later borrowed file asks them again). `--rest FILE` writes the others to FILE: a new prompt
-  file split in one step into a held-out sample and the requests to train on.
+  file split in one step into a held-out sample and the requests to train on; `--drop-twins 0.5`
+  leaves out of FILE the requests whose words are half or more a held-out request's.
 - `--asks-for code` keeps the requests about code only (a code set's, and the chat requests whose
   words are a programmer's: `sharegpt_requests.asks_for_code`), `--asks-for other` the rest. People's
   code requests are where the 1.5B's head drafts worst (docs/performance.md, thirty-second round).
@@ -40,6 +41,7 @@ from dspark_lab.engine.loading import load_tokenizer  # noqa: E402
 from dspark_lab.engine.text import encode_prompt  # noqa: E402
 from dspark_lab.lab.prompts import load_prompt_set  # noqa: E402
 from dspark_lab.lab.prompts.core import Prompt  # noqa: E402
+from prompt_twins import jaccard, words  # noqa: E402
 from sharegpt_requests import asks_for_code  # noqa: E402
 from synthetic_prompts import write_prompt_file  # noqa: E402
 from unanswered_prompts import read_jsonl  # noqa: E402
@@ -74,6 +76,16 @@ def borrow(files: list[Path], tokenizer, answered: set[tuple[int, ...]], seed: i
     return kept
 
 
+def drop_twins(rest: list[dict], held: list[dict], likeness: float) -> list[dict]:
+    """The records of `rest` less alike than `likeness` to every record of `held` (prompt_twins.py's
+    likeness: the Jaccard index of the two texts' word sets)."""
+    def text(r: dict) -> str:
+        return " ".join(m["content"] for m in r["messages"]) if r.get("messages") else r.get("text", "")
+
+    held_words = [words(text(r)) for r in held]
+    return [r for r in rest if all(jaccard(words(text(r)), h) < likeness for h in held_words)]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("prompt_files", nargs="+", type=Path)
@@ -84,12 +96,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--count", type=int, default=0, help="keep the first N shuffled requests (0: all)")
     ap.add_argument("--rest", type=Path, help="with --count: write the requests after the first N here (a held-out "
                                                "sample in --out and the rest to train on, disjoint)")
+    ap.add_argument("--drop-twins", type=float, default=0.0, metavar="LIKENESS",
+                    help="with --rest: leave out of it the requests whose words are this alike to a held-out one's or "
+                         "more (prompt_twins.py's likeness, e.g. 0.5: ShareGPT repeats openings with small changes; 0: none)")
     ap.add_argument("--asks-for", choices=["code", "other"], default="",
                     help="keep only the requests about code (a code set's, or a chat request using code words: "
                          "sharegpt_requests.asks_for_code), or only the others")
     a = ap.parse_args(argv)
     if a.count < 0:
         ap.error(f"--count must be >= 0 (0: every request), got {a.count}")
+    if a.drop_twins and not a.rest:
+        ap.error("--drop-twins leaves requests out of --rest: give --count and --rest too")
     if a.rest and not a.count:
         ap.error("--rest takes the requests after the first --count N: give --count too")
     if not (a.model / "config.json").is_file():
@@ -105,6 +122,10 @@ def main(argv: list[str] | None = None) -> None:
     write_prompt_file(a.out, kept)
     print(f"{len(kept)} requests -> {a.out}")
     if a.rest:
+        if a.drop_twins:
+            twins = len(rest)
+            rest = drop_twins(rest, kept, a.drop_twins)
+            print(f"{twins - len(rest)} requests left out of {a.rest}: their words are {a.drop_twins} or more alike to a held-out one's")
         write_prompt_file(a.rest, rest)
         print(f"{len(rest)} requests -> {a.rest}")
 

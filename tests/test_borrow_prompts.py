@@ -116,3 +116,20 @@ def test_asks_for_code_keeps_the_code_requests_or_the_others(tiny_dirs, tmp_path
         borrow.main([str(code), str(chat), "--model", str(model), "--out", str(out), "--asks-for", kind])
         kept[kind] = sorted(json.loads(line)["id"] for line in gzip.open(out, "rt"))
     assert kept == {"code": ["self_code/selfcode-00001", "sg_chat/a_0", "sg_chat/c_0"], "other": ["sg_chat/b_0"]}
+
+
+def test_drop_twins_leaves_near_copies_of_held_out_requests_out_of_the_rest(tmp_path, capsys):
+    """--drop-twins: a request to train on whose words are that alike to a held-out one's is left
+    out (ShareGPT repeats openings with small changes), the others stay in order."""
+    borrow = load_script("borrow_prompts")
+    held = [{"id": "a_0", "domain": "chat", "text": "Write a program to count the sum of first 100 numbers in python"}]
+    rest = [{"id": "b_0", "domain": "chat", "text": "write a program to count the sum of first 100 number in phyton"},
+            {"id": "c_0", "domain": "chat", "messages": [{"role": "user", "content": "summarize a book about rivers"}]},
+            {"id": "d_0", "domain": "chat", "text": "Write a hello world program in Go"}]
+    assert [r["id"] for r in borrow.drop_twins(rest, held, 0.5)] == ["c_0", "d_0"]
+    assert [r["id"] for r in borrow.drop_twins(rest, held, 1.01)] == ["b_0", "c_0", "d_0"]  # nothing is that alike
+    f = tmp_path / "p.jsonl.gz"
+    _write(f, held)
+    with pytest.raises(SystemExit):
+        borrow.main([str(f), "--model", str(tmp_path), "--out", str(tmp_path / "o.jsonl.gz"), "--drop-twins", "0.5"])
+    assert "--drop-twins leaves requests out of --rest" in capsys.readouterr().err
