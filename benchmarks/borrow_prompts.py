@@ -41,7 +41,7 @@ from dspark_lab.engine.loading import load_tokenizer  # noqa: E402
 from dspark_lab.engine.text import encode_prompt  # noqa: E402
 from dspark_lab.lab.prompts import load_prompt_set  # noqa: E402
 from dspark_lab.lab.prompts.core import Prompt  # noqa: E402
-from prompt_twins import jaccard, words  # noqa: E402
+from prompt_twins import jaccard, prompt_text, words  # noqa: E402
 from sharegpt_requests import asks_for_code  # noqa: E402
 from synthetic_prompts import write_prompt_file  # noqa: E402
 from unanswered_prompts import read_jsonl  # noqa: E402
@@ -78,12 +78,12 @@ def borrow(files: list[Path], tokenizer, answered: set[tuple[int, ...]], seed: i
 
 def drop_twins(rest: list[dict], held: list[dict], likeness: float) -> list[dict]:
     """The records of `rest` less alike than `likeness` to every record of `held` (prompt_twins.py's
-    likeness: the Jaccard index of the two texts' word sets)."""
-    def text(r: dict) -> str:
-        return " ".join(m["content"] for m in r["messages"]) if r.get("messages") else r.get("text", "")
+    likeness: the Jaccard index of the two texts' word sets). The records are Prompt.to_dict()'s."""
+    def words_of(r: dict) -> frozenset[str]:
+        return words(prompt_text(Prompt(**r)))
 
-    held_words = [words(text(r)) for r in held]
-    return [r for r in rest if all(jaccard(words(text(r)), h) < likeness for h in held_words)]
+    held_words = [words_of(r) for r in held]
+    return [r for r, w in ((r, words_of(r)) for r in rest) if all(jaccard(w, h) < likeness for h in held_words)]
 
 
 def main(argv: list[str] | None = None) -> None:
