@@ -22,8 +22,8 @@ spending minutes writing new ones.
   later borrowed file asks them again). `--rest FILE` writes the others to FILE: a new prompt
   file split in one step into a held-out sample and the requests to train on; `--drop-twins 0.5`
   leaves out of FILE the requests whose words are half or more a held-out request's.
-- `--asks-for code` keeps the requests about code only (a code set's, and the chat requests whose
-  words are a programmer's: `sharegpt_requests.asks_for_code`), `--asks-for other` the rest. People's
+- `--asks-for code` keeps the requests about code only (a code set's, and the chat requests with a
+  user turn whose words are a programmer's: `sharegpt_requests.asks_for_code`), `--asks-for other` the rest. People's
   code requests are where the 1.5B's head drafts worst (docs/performance.md, thirty-second round).
 """
 
@@ -53,11 +53,12 @@ def answered_prompts(rows: list[dict], model_name: str) -> set[tuple[int, ...]]:
 
 
 def is_code_request(p: Prompt) -> bool:
-    """A code request: a code set's, or a chat request whose last user turn is about code."""
+    """A code request: a code set's, or a chat request with a user turn about code (a follow-up,
+    "now make it faster", is about code when the talk it follows is)."""
     if p.domain == "code":
         return True
     turns = p.messages if p.messages is not None else [{"role": "user", "content": p.text or ""}]
-    return asks_for_code(next((m["content"] for m in reversed(turns) if m.get("role") == "user"), ""))
+    return any(asks_for_code(m["content"]) for m in turns if m.get("role") == "user")
 
 
 def borrow(files: list[Path], tokenizer, answered: set[tuple[int, ...]], seed: int, say=print, asks_for: str = "") -> list[dict]:

@@ -1,7 +1,9 @@
-"""Chat requests for a model to answer: ShareGPT conversations' opening user turns, as a prompt file.
+"""Chat requests for a model to answer: ShareGPT conversations' opening user turns (or, with
+--follow-ups, their later user turns with the talk before them), as a prompt file.
 
     python benchmarks/sharegpt_requests.py SHAREGPT.json --count 4000 --out FILE.jsonl.gz \
-        [--skip EARLIER.jsonl.gz ...] [--max-chars 2000] [--min-chars 10] [--seed 0]
+        [--skip EARLIER.jsonl.gz ...] [--max-chars 2000] [--min-chars 10] [--seed 0] \
+        [--follow-ups [--max-context-chars 2500] [--skip-conversations HELD.jsonl.gz ...]]
 
 Chat is where the Qwen 1.5B's head is furthest from issue #9's goal, and its own answers to
 ShareGPT first turns are what lifted it (docs/performance.md, twenty-eighth round: 1,265 of them,
@@ -16,6 +18,16 @@ hand; this writes more the same way, reproducibly:
   --skip file (by text or by id), so a new file adds requests instead of repeating them;
 - shuffled with SEED, the first COUNT kept: records {"id", "domain": "chat", "text"}, the prompt
   format of results/sg_chat16.jsonl.gz, which GEN_PROMPTS and borrow_prompts.py read.
+
+--follow-ups writes each later user turn of a conversation's first part instead, as a record
+{"id": "ID/turnN", "domain": "chat", "messages": [...]} holding the talk up to and including that
+turn (ChatGPT's answers as the assistant turns), when the turn is within the length bounds and the
+talk before it within --max-context-chars (a row is the talk plus the model's answer, inside
+distill's --max-len). The package's ShareGPT holds about 1,400 opening code requests and about
+6,400 later turns of conversations about code (thirty-third round): a person's follow-up ("now
+make it async", "it fails with ...") is a request in that person's words too.
+--skip-conversations leaves out every follow-up of the conversations a file's requests open (a
+held-out opening's talk, ChatGPT's answer included, stays out of the training prompts).
 """
 
 from __future__ import annotations
@@ -76,6 +88,37 @@ def opening_turns(path: Path, *, min_chars: int, max_chars: int, skip: list[dict
     return out
 
 
+def conversation_of(request_id: str) -> str:
+    """The ShareGPT conversation a request comes from: "sg_chat29/abc_0" and "sg_follow/abc_0/turn2"
+    (a borrowed file prefixes its set's name) are both abc_0's."""
+    parts = request_id.split("/")
+    if len(parts) > 1 and re.fullmatch(r"turn\d+", parts[-1]):
+        parts = parts[:-1]
+    return parts[-1]
+
+
+def follow_up_turns(path: Path, *, min_chars: int, max_chars: int, max_context_chars: int, skip: list[dict],
+                    skip_conversations: set[str] = frozenset()) -> list[dict]:
+    """Every usable later user turn in the file, in file order, with the talk before it; each talk
+    once; none of a conversation in skip_conversations (ids as conversation_of gives them)."""
+    seen_ids = {str(r.get("id")) for r in skip}
+    seen_talks = set()
+    out = []
+    for cid, messages in sharegpt_conversations(path):
+        if not first_part(cid) or cid in skip_conversations:
+            continue
+        for i in range(2, len(messages), 2):  # sharegpt_conversations alternates: user turns are even
+            text = messages[i]["content"].strip()
+            context_chars = sum(len(m["content"]) for m in messages[:i])
+            rid = f"{cid}/turn{i // 2}"
+            talk = tuple(_fold(m["content"]) for m in messages[: i + 1])
+            if rid in seen_ids or talk in seen_talks or not min_chars <= len(text) <= max_chars or context_chars > max_context_chars:
+                continue
+            seen_talks.add(talk)
+            out.append({"id": rid, "domain": "chat", "messages": messages[:i] + [{"role": "user", "content": text}]})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sharegpt", type=Path, help="a ShareGPT JSON file ([{id, conversations: [{from, value}, ...]}, ...])")
@@ -85,19 +128,32 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--min-chars", type=int, default=10)
     ap.add_argument("--max-chars", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--follow-ups", action="store_true",
+                    help="later user turns with the talk before them (as chat messages), not opening turns")
+    ap.add_argument("--max-context-chars", type=int, default=2500,
+                    help="with --follow-ups: the most characters of talk before the turn")
+    ap.add_argument("--skip-conversations", type=Path, nargs="*", default=[],
+                    help="with --follow-ups: prompt files (held-out ones) whose requests' conversations to leave out")
     args = ap.parse_args(argv)
     if not args.sharegpt.is_file():
         raise SystemExit(f"{args.sharegpt}: no such file (the ShareGPT JSON; prepare_device_session.sh unpacks it into /tmp/dspark-session/sg)")
     if args.count < 1:
         raise SystemExit(f"--count must be at least 1, got {args.count}")
     skip = [r for f in args.skip for r in read_jsonl(f)]
-    turns = opening_turns(args.sharegpt, min_chars=args.min_chars, max_chars=args.max_chars, skip=skip)
+    if args.follow_ups:
+        kind = "follow-up turns"
+        held = {conversation_of(str(r.get("id"))) for f in args.skip_conversations for r in read_jsonl(f)}
+        turns = follow_up_turns(args.sharegpt, min_chars=args.min_chars, max_chars=args.max_chars,
+                                max_context_chars=args.max_context_chars, skip=skip, skip_conversations=held)
+    else:
+        kind = "opening turns"
+        turns = opening_turns(args.sharegpt, min_chars=args.min_chars, max_chars=args.max_chars, skip=skip)
     random.Random(args.seed).shuffle(turns)
     if len(turns) < args.count:
-        print(f"only {len(turns)} usable opening turns (asked for {args.count}): writing them all")
+        print(f"only {len(turns)} usable {kind} (asked for {args.count}): writing them all")
     kept = turns[:args.count]
     write_prompt_file(args.out, kept)
-    print(f"{len(kept)} of {len(turns)} usable opening turns ({len(skip)} requests skipped as given) -> {args.out}")
+    print(f"{len(kept)} of {len(turns)} usable {kind} ({len(skip)} requests skipped as given) -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -108,14 +108,23 @@ def test_asks_for_code_keeps_the_code_requests_or_the_others(tiny_dirs, tmp_path
     _write(code, [_request(1)])
     _write(chat, [{"id": "a_0", "domain": "chat", "text": "how do I read a CSV file in python?"},
                   {"id": "b_0", "domain": "chat", "text": "summarize a book"},
-                  {"id": "c_0", "domain": "chat", "messages": [{"role": "user", "content": "fix this SQL query: SELECT 1"}]}])
+                  {"id": "c_0", "domain": "chat", "messages": [{"role": "user", "content": "fix this SQL query: SELECT 1"}]},
+                  # a follow-up is about code when the talk it follows is, though its own words are not
+                  {"id": "d_0/turn1", "domain": "chat", "messages": [
+                      {"role": "user", "content": "write a python function that reverses a string"},
+                      {"role": "assistant", "content": "def rev(s): return s[::-1]"},
+                      {"role": "user", "content": "now make it faster please"}]},
+                  {"id": "e_0/turn1", "domain": "chat", "messages": [
+                      {"role": "user", "content": "plan a trip to Lisbon"}, {"role": "assistant", "content": "Day one: Alfama."},
+                      {"role": "user", "content": "now make it shorter please"}]}])
     borrow = load_script("borrow_prompts")
     kept = {}
     for kind in ("code", "other"):
         out = tmp_path / f"{kind}.jsonl.gz"
         borrow.main([str(code), str(chat), "--model", str(model), "--out", str(out), "--asks-for", kind])
         kept[kind] = sorted(json.loads(line)["id"] for line in gzip.open(out, "rt"))
-    assert kept == {"code": ["self_code/selfcode-00001", "sg_chat/a_0", "sg_chat/c_0"], "other": ["sg_chat/b_0"]}
+    assert kept == {"code": ["self_code/selfcode-00001", "sg_chat/a_0", "sg_chat/c_0", "sg_chat/d_0/turn1"],
+                    "other": ["sg_chat/b_0", "sg_chat/e_0/turn1"]}
 
 
 def test_drop_twins_leaves_near_copies_of_held_out_requests_out_of_the_rest(tmp_path, capsys):

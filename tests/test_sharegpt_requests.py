@@ -1,6 +1,7 @@
 """benchmarks/sharegpt_requests.py: ShareGPT opening turns as chat requests, only a conversation's
 first part, within the length bounds, each text once, none a given file already holds, shuffled by
-seed, and loadable as a prompt set."""
+seed, and loadable as a prompt set; with --follow-ups, the later user turns with the talk before
+them, as chat messages."""
 
 import gzip
 import json
@@ -68,3 +69,49 @@ def test_a_missing_file_or_a_count_under_one_is_refused_by_name(tmp_path):
     with pytest.raises(SystemExit, match="--count must be at least 1, got 0"):
         script.main([str(sg), "--count", "0", "--out", str(out)])
     assert not out.exists()
+
+
+def _talk(cid, *turns):
+    roles = ("human", "gpt")
+    return {"id": cid, "conversations": [{"from": roles[i % 2], "value": t} for i, t in enumerate(turns)]}
+
+
+def test_follow_ups_are_later_turns_with_the_talk_before_them(tmp_path):
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps([
+        _talk("a_0", "Write a python function to reverse a list.", "def rev(x): return x[::-1]",
+              "Now make it work on tuples too.", "def rev(x): return type(x)(reversed(x))",
+              "ok", "Glad to help.",  # under --min-chars
+              "And add type hints to it, please.", "Done."),
+        _talk("b_1", "Opening of a later part", "Answer.", "A later part's follow-up turn."),  # not a first part
+        _talk("c_0", "Plan a trip.", "x" * 300, "Make the plan shorter please."),  # the talk before it is too long
+        _talk("d_0", "Write a python function to reverse a list.", "def rev(x): return x[::-1]",
+              "Now make it work on tuples too."),  # the same talk as a_0's first follow-up: kept once
+        _talk("e_0", "Only an opening here.", "And its answer."),
+        _talk("f_0", "Tell me a joke.", "Why did the chicken...", "Tell me another one now."),  # in the skip file by id
+    ]))
+    script = load_script("sharegpt_requests")
+    kept = script.follow_up_turns(sg, min_chars=10, max_chars=200, max_context_chars=200, skip=[{"id": "f_0/turn1"}])
+    assert [r["id"] for r in kept] == ["a_0/turn1", "a_0/turn3"]
+    assert kept[0] == {"id": "a_0/turn1", "domain": "chat", "messages": [
+        {"role": "user", "content": "Write a python function to reverse a list."},
+        {"role": "assistant", "content": "def rev(x): return x[::-1]"},
+        {"role": "user", "content": "Now make it work on tuples too."}]}
+    assert [m["role"] for m in kept[1]["messages"]] == ["user", "assistant"] * 3 + ["user"]
+    assert script.follow_up_turns(sg, min_chars=10, max_chars=200, max_context_chars=200, skip=[],
+                                  skip_conversations={"a_0", "d_0"}) == [{"id": "f_0/turn1", "domain": "chat", "messages": [
+        {"role": "user", "content": "Tell me a joke."}, {"role": "assistant", "content": "Why did the chicken..."},
+        {"role": "user", "content": "Tell me another one now."}]}]
+    assert [script.conversation_of(i) for i in ("a_0", "sg_chat29/a_0", "sg_follow/a_0/turn3")] == ["a_0"] * 3
+    assert kept[1]["messages"][-1]["content"] == "And add type hints to it, please."
+
+    out = tmp_path / "follow.jsonl.gz"
+    held = tmp_path / "held.jsonl.gz"
+    held.write_bytes(gzip.compress((json.dumps({"id": "sg_chat29/f_0", "domain": "chat", "text": "Tell me a joke."}) + "\n").encode()))
+    script.main([str(sg), "--count", "5", "--out", str(out), "--follow-ups", "--max-chars", "200", "--max-context-chars", "200"])
+    pset = load_prompt_set(str(out))
+    assert sorted(p.id for p in pset.prompts) == ["a_0/turn1", "a_0/turn3", "f_0/turn1"]
+    script.main([str(sg), "--count", "5", "--out", str(out), "--follow-ups", "--max-chars", "200", "--max-context-chars", "200",
+                 "--skip-conversations", str(held)])
+    assert sorted(p.id for p in load_prompt_set(str(out)).prompts) == ["a_0/turn1", "a_0/turn3"]  # f_0's talk is held out
+    assert all(p.messages[-1]["role"] == "user" and p.text is None for p in pset.prompts)
