@@ -101,7 +101,7 @@ def follow_up_turns(path: Path, *, min_chars: int, max_chars: int, max_context_c
                     skip_conversations: set[str] = frozenset()) -> list[dict]:
     """Every usable later user turn in the file, in file order, with the talk before it; each talk
     once; none of a conversation in skip_conversations (ids as conversation_of gives them)."""
-    seen_ids = {str(r.get("id")) for r in skip}
+    seen_ids = {"/".join(str(r.get("id")).split("/")[-2:]) for r in skip}  # a borrowed file's "set/ID/turnN" too
     seen_talks = set()
     out = []
     for cid, messages in sharegpt_conversations(path):
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--follow-ups", action="store_true",
                     help="later user turns with the talk before them (as chat messages), not opening turns")
-    ap.add_argument("--max-context-chars", type=int, default=2500,
-                    help="with --follow-ups: the most characters of talk before the turn")
+    ap.add_argument("--max-context-chars", type=int, default=None,
+                    help="with --follow-ups: the most characters of talk before the turn (default 2500)")
     ap.add_argument("--skip-conversations", type=Path, nargs="*", default=[],
                     help="with --follow-ups: prompt files (held-out ones) whose requests' conversations to leave out")
     args = ap.parse_args(argv)
@@ -139,12 +139,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{args.sharegpt}: no such file (the ShareGPT JSON; prepare_device_session.sh unpacks it into /tmp/dspark-session/sg)")
     if args.count < 1:
         raise SystemExit(f"--count must be at least 1, got {args.count}")
+    if not args.follow_ups and (args.skip_conversations or args.max_context_chars is not None):
+        raise SystemExit("--skip-conversations and --max-context-chars choose follow-up turns: add --follow-ups")
     skip = [r for f in args.skip for r in read_jsonl(f)]
     if args.follow_ups:
         kind = "follow-up turns"
         held = {conversation_of(str(r.get("id"))) for f in args.skip_conversations for r in read_jsonl(f)}
         turns = follow_up_turns(args.sharegpt, min_chars=args.min_chars, max_chars=args.max_chars,
-                                max_context_chars=args.max_context_chars, skip=skip, skip_conversations=held)
+                                max_context_chars=args.max_context_chars or 2500, skip=skip, skip_conversations=held)
     else:
         kind = "opening turns"
         turns = opening_turns(args.sharegpt, min_chars=args.min_chars, max_chars=args.max_chars, skip=skip)

@@ -91,7 +91,7 @@ def test_follow_ups_are_later_turns_with_the_talk_before_them(tmp_path):
         _talk("f_0", "Tell me a joke.", "Why did the chicken...", "Tell me another one now."),  # in the skip file by id
     ]))
     script = load_script("sharegpt_requests")
-    kept = script.follow_up_turns(sg, min_chars=10, max_chars=200, max_context_chars=200, skip=[{"id": "f_0/turn1"}])
+    kept = script.follow_up_turns(sg, min_chars=10, max_chars=200, max_context_chars=200, skip=[{"id": "sg_follow/f_0/turn1"}])
     assert [r["id"] for r in kept] == ["a_0/turn1", "a_0/turn3"]
     assert kept[0] == {"id": "a_0/turn1", "domain": "chat", "messages": [
         {"role": "user", "content": "Write a python function to reverse a list."},
@@ -115,3 +115,13 @@ def test_follow_ups_are_later_turns_with_the_talk_before_them(tmp_path):
                  "--skip-conversations", str(held)])
     assert sorted(p.id for p in load_prompt_set(str(out)).prompts) == ["a_0/turn1", "a_0/turn3"]  # f_0's talk is held out
     assert all(p.messages[-1]["role"] == "user" and p.text is None for p in pset.prompts)
+
+
+def test_follow_up_options_without_follow_ups_are_refused(tmp_path):
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps([_conversation("a_0", "How do I sort a list in Python?")]))
+    out = tmp_path / "out.jsonl"
+    for extra in (["--skip-conversations", str(tmp_path / "held.jsonl")], ["--max-context-chars", "100"]):
+        with pytest.raises(SystemExit, match="choose follow-up turns: add --follow-ups"):
+            load_script("sharegpt_requests").main([str(sg), "--count", "1", "--out", str(out)] + extra)
+    assert not out.exists()
