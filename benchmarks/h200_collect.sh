@@ -66,10 +66,15 @@ if [ "${WAIT:-0}" -gt 0 ]; then
     fi
     sleep 1; waited=$((waited + 1))
   done
-  rm -f "$began"
-  if [ -z "$why" ] && [ "$waited" -lt "$WAIT" ]; then
-    if [ "$run/.run_done" -nt "$began" ]; then why=": the run has ended"; else why=": the run reached its next stage"; fi
+  if [ -z "$why" ]; then
+    if [ "$run/.run_done" -nt "$began" ]; then why=": the run has ended"
+    elif [ "$waited" -lt "$WAIT" ]; then why=": the run reached its next stage"
+    # The wait ran out with the run still at work: say so, and what it is writing, for the
+    # thirty-third round let its machine go with the run's held-out measure unfinished.
+    elif [ -f "$run/.pid" ]; then why=": the run is still going (its newest file: $(cd "$run" && ls -t | head -1)); poll again at once"
+    fi
   fi
+  rm -f "$began"
   echo "waited ${waited} s of ${WAIT}$why"
 fi
 src=$run${HEAD:+/$HEAD}  # the head directory whose config and weights come back

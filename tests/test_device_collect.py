@@ -438,5 +438,7 @@ def test_wait_ends_at_once_when_the_run_had_already_finished(run_dir, tmp_path):
 def test_wait_goes_on_while_the_run_process_lives(run_dir, tmp_path):
     name, run = run_dir
     (run / ".pid").write_text(f"{os.getpid()}\n")  # this test's own process: alive throughout
+    (run / "held.log").write_text("")  # what the run writes last: it is at its held-out measure
     said = collect(name, tmp_path, WAIT="2")
     assert "waited 2 s of 2" in said and "ended" not in said
+    assert "the run is still going (its newest file: held.log); poll again at once" in said
