@@ -88,34 +88,43 @@ def opening_turns(path: Path, *, min_chars: int, max_chars: int, skip: list[dict
     return out
 
 
-def conversation_of(request_id: str) -> str:
-    """The ShareGPT conversation a request comes from: "sg_chat29/abc_0" and "sg_follow/abc_0/turn2"
-    (a borrowed file prefixes its set's name) are both abc_0's."""
+MAX_CONTEXT_CHARS = 2500  # --follow-ups: the talk before a turn, about 600 tokens of distill's --max-len 1024
+
+
+def conversation_and_turn(request_id: str) -> tuple[str, str | None]:
+    """The ShareGPT conversation a request comes from, and its follow-up turn if it is one:
+    "abc_0" and "sg_chat29/abc_0" (a borrowed file prefixes its set's name) are (abc_0, None),
+    "abc_0/turn2" and "sg_follow/abc_0/turn2" are (abc_0, turn2)."""
     parts = request_id.split("/")
-    if len(parts) > 1 and re.fullmatch(r"turn\d+", parts[-1]):
-        parts = parts[:-1]
-    return parts[-1]
+    turn = parts.pop() if len(parts) > 1 and re.fullmatch(r"turn\d+", parts[-1]) else None
+    return parts[-1], turn
+
+
+def conversation_of(request_id: str) -> str:
+    return conversation_and_turn(request_id)[0]
 
 
 def follow_up_turns(path: Path, *, min_chars: int, max_chars: int, max_context_chars: int, skip: list[dict],
                     skip_conversations: set[str] = frozenset()) -> list[dict]:
     """Every usable later user turn in the file, in file order, with the talk before it; each talk
-    once; none of a conversation in skip_conversations (ids as conversation_of gives them)."""
-    seen_ids = {"/".join(str(r.get("id")).split("/")[-2:]) for r in skip}  # a borrowed file's "set/ID/turnN" too
+    once; none that a skip record names (its own id or a borrowed file's), none of a conversation
+    in skip_conversations (ids as conversation_of gives them)."""
+    seen_turns = {conversation_and_turn(str(r.get("id"))) for r in skip}
     seen_talks = set()
     out = []
     for cid, messages in sharegpt_conversations(path):
         if not first_part(cid) or cid in skip_conversations:
             continue
+        folded = [_fold(m["content"]) for m in messages]  # once per conversation, not once per later turn
+        lengths = [len(m["content"]) for m in messages]
         for i in range(2, len(messages), 2):  # sharegpt_conversations alternates: user turns are even
             text = messages[i]["content"].strip()
-            context_chars = sum(len(m["content"]) for m in messages[:i])
-            rid = f"{cid}/turn{i // 2}"
-            talk = tuple(_fold(m["content"]) for m in messages[: i + 1])
-            if rid in seen_ids or talk in seen_talks or not min_chars <= len(text) <= max_chars or context_chars > max_context_chars:
+            talk = tuple(folded[: i + 1])
+            if ((cid, f"turn{i // 2}") in seen_turns or talk in seen_talks or not min_chars <= len(text) <= max_chars
+                    or sum(lengths[:i]) > max_context_chars):
                 continue
             seen_talks.add(talk)
-            out.append({"id": rid, "domain": "chat", "messages": messages[:i] + [{"role": "user", "content": text}]})
+            out.append({"id": f"{cid}/turn{i // 2}", "domain": "chat", "messages": messages[:i] + [{"role": "user", "content": text}]})
     return out
 
 
@@ -131,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--follow-ups", action="store_true",
                     help="later user turns with the talk before them (as chat messages), not opening turns")
     ap.add_argument("--max-context-chars", type=int, default=None,
-                    help="with --follow-ups: the most characters of talk before the turn (default 2500)")
+                    help=f"with --follow-ups: the most characters of talk before the turn (default {MAX_CONTEXT_CHARS})")
     ap.add_argument("--skip-conversations", type=Path, nargs="*", default=[],
                     help="with --follow-ups: prompt files (held-out ones) whose requests' conversations to leave out")
     args = ap.parse_args(argv)
@@ -146,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         kind = "follow-up turns"
         held = {conversation_of(str(r.get("id"))) for f in args.skip_conversations for r in read_jsonl(f)}
         turns = follow_up_turns(args.sharegpt, min_chars=args.min_chars, max_chars=args.max_chars,
-                                max_context_chars=args.max_context_chars or 2500, skip=skip, skip_conversations=held)
+                                max_context_chars=MAX_CONTEXT_CHARS if args.max_context_chars is None else args.max_context_chars, skip=skip, skip_conversations=held)
     else:
         kind = "opening turns"
         turns = opening_turns(args.sharegpt, min_chars=args.min_chars, max_chars=args.max_chars, skip=skip)
