@@ -67,6 +67,7 @@ class Mode(str, Enum):
     lookup = "lookup"
     dspark = "dspark"
     dspark_pipe = "dspark-pipe"
+    dspark_tree = "dspark-tree"
     dflash = "dflash"
     draft = "draft"
     draft_pipe = "draft-pipe"
@@ -85,7 +86,7 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
-    mode: Annotated[Optional[Mode], typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); draft-pipe: the same through the pipelined loop (plain-KV target and draft model); auto: the registry's measured drafter for this model, else lookup. Default: with --drafter dspark or dflash (the head's kind), with --draft-model draft, else baseline.")] = None,
+    mode: Annotated[Optional[Mode], typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dspark-tree: the same head verifying a tree of its likeliest drafts each round (--tree-nodes; heads without a Markov term); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); draft-pipe: the same through the pipelined loop (plain-KV target and draft model); auto: the registry's measured drafter for this model, else lookup. Default: with --drafter dspark or dflash (the head's kind), with --draft-model draft, else baseline.")] = None,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head directory or repo id.")] = None,
     draft_model: DraftModelOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
@@ -94,6 +95,7 @@ def generate(
     drafter_bits: Annotated[int, typer.Option(help="Quantize the drafter's weights at load: 4, 8, or 16 (float); a head stored at these bits or fewer loads as stored.")] = 4,
     drafter_window: Annotated[int, typer.Option(help="Context positions the drafter attends to.")] = 4096,
     confidence_threshold: Annotated[float, typer.Option(help="Cut a DSpark draft where the head's confidence falls below this (0 = off).")] = 0.0,
+    tree_nodes: Annotated[Optional[int], typer.Option(help="In dspark-tree mode: the drafts a round's tree holds (the head's likeliest paths, at most --max-draft deep). Default 16.")] = None,
     lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on). In dspark-pipe mode the match runs on the device and its tokens replace the head's slot by slot (default: off, not yet measured on a GPU).")] = None,
     lookup_kernel: Annotated[Optional[bool], typer.Option("--lookup-kernel/--no-lookup-kernel", help="In dspark-pipe mode with --lookup-drafts, run the n-gram match as one custom CUDA kernel. Default: as a one-time probe on this machine found it (exact and faster; stored in --db).")] = None,
     compile_draft: Annotated[Optional[bool], typer.Option("--compile-draft/--no-compile-draft", help="In dspark-pipe mode, append the head's context and draft through one compiled trace per round (greedy; default: off, or as the registry measured the pair with --mode auto).")] = None,
@@ -137,7 +139,7 @@ def generate(
     if drafter is not None and mode in (Mode.baseline, Mode.lookup, Mode.draft, Mode.draft_pipe):
         raise DsparkError(f"--drafter is only used by --mode dspark, dspark-pipe, dflash or auto (this run is --mode {mode.value}, "
                           "which would leave the head unused); add --mode dspark (or dspark-pipe, dflash) or drop --drafter.")
-    if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dflash) and drafter is None:
+    if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dspark_tree, Mode.dflash) and drafter is None:
         raise DsparkError(f"--mode {mode.value} needs --drafter DIR (a head for this model); or use --mode auto or lookup.")
     draft_modes = (Mode.draft, Mode.draft_pipe)
     if mode in draft_modes and draft_model is None:
@@ -162,14 +164,15 @@ def generate(
             measured = ev.get("options") or {}
             lookup_drafts = measured.get("lookup_drafts") if lookup_drafts is None else lookup_drafts
             compile_draft = measured.get("compile_draft") if compile_draft is None else compile_draft
+            tree_nodes = measured.get("tree_nodes") if tree_nodes is None else tree_nodes
             if measured:
                 err.print(f"[dim]auto: measured with {', '.join(f'{k}={v}' for k, v in measured.items())}[/]")
         except DsparkError as e:
             err.print(f"[dim]auto: {e} Using lookup decoding.[/]")
             mode = Mode.lookup
-    elif mode in (Mode.dspark, Mode.dspark_pipe, Mode.auto):
+    elif mode in (Mode.dspark, Mode.dspark_pipe, Mode.dspark_tree, Mode.auto):
         target, tokenizer, head, pair = load_pair(model, drafter, drafter_bits=drafter_bits, drafter_window=drafter_window, max_draft_tokens=max_draft, **load_opts)
-        mode, max_draft = (Mode.dspark_pipe if mode is Mode.dspark_pipe else Mode.dspark), pair.max_draft_tokens
+        mode, max_draft = (mode if mode in (Mode.dspark_pipe, Mode.dspark_tree) else Mode.dspark), pair.max_draft_tokens
     if mode is Mode.dflash:
         from .engine import load_dflash_pair
 
@@ -222,11 +225,19 @@ def generate(
             engine.dispose()
         err.print(f"[dim]--lookup-kernel: {verdict.describe()}[/]")
         lookup_kernel = verdict.use
-    if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dflash):
+    if mode is Mode.dspark_tree and auto_cap:
+        raise DsparkError("--max-draft auto has no cost curves for tree rounds yet; give --max-draft N (the tree's depth), "
+                          "or leave it out for the head's block.")
+    if mode is Mode.dspark_tree and not max_draft:
+        max_draft = head.config.max_drafts  # the tree itself chooses how deep to go
+    if tree_nodes is not None and mode is not Mode.dspark_tree:
+        raise DsparkError(f"--tree-nodes is a --mode dspark-tree option (this run is --mode {mode.value}); add --mode dspark-tree or drop --tree-nodes.")
+    if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dspark_tree, Mode.dflash):
         result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
                                       confidence_threshold=confidence_threshold, cap_controller=controller,
                                       pipeline=mode is Mode.dspark_pipe, compile_draft=bool(compile_draft),
-                                      lookup_kernel=bool(lookup_kernel), **common)
+                                      lookup_kernel=bool(lookup_kernel),
+                                      tree_nodes=(tree_nodes or 16) if mode is Mode.dspark_tree else 0, **common)
     elif mode in draft_modes:
         result = draft_model_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, cap_controller=controller,
                                       pipeline=mode is Mode.draft_pipe, **common)
@@ -378,7 +389,7 @@ def sweep(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
     drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
     draft_model: Annotated[Optional[list[str]], typer.Option("--draft-model", help="Draft model for mode draft (repeatable); each is paired with every model whose tokenizer it shares.")] = None,
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dflash, draft, draft-pipe, mlx-lm (mlx-lm's own decoder on the same model: a reference for our greedy). The baseline always runs. Default: lookup, plus each head's own modes (a DSpark head: dspark and dspark-pipe; a DFlash head: dflash), plus draft and draft-pipe when draft models are given.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dspark-tree (a DSpark head without a Markov term verifying a tree of its --tree-nodes likeliest drafts; fixed caps only), dflash, draft, draft-pipe, mlx-lm (mlx-lm's own decoder on the same model: a reference for our greedy). The baseline always runs. Default: lookup, plus each head's own modes (a DSpark head: dspark and dspark-pipe; a DFlash head: dflash), plus draft and draft-pipe when draft models are given.")] = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
@@ -395,6 +406,7 @@ def sweep(
     launch_every: LaunchEveryOpt = "0",
     pipe_lookup: Annotated[bool, typer.Option(help="dspark-pipe arms add n-gram lookup drafts matched on the device.")] = False,
     compile_draft: Annotated[bool, typer.Option(help="dspark-pipe arms draft through one compiled trace per round (greedy).")] = False,
+    tree_nodes: Annotated[int, typer.Option(help="dspark-tree arms: the drafts in a round's tree.")] = 16,
     precisions: PrecisionsOpt = "as-loaded",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
@@ -411,7 +423,8 @@ def sweep(
         cfg = SweepConfig(models=model, drafters=drafter or [], draft_models=draft_model or [], modes=["baseline"] + [m for m in mode_list if m != "baseline"],
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
-                          launch_every=launch_every, pipe_lookup=pipe_lookup, compile_draft=compile_draft, precisions=_csv(precisions))
+                          launch_every=launch_every, pipe_lookup=pipe_lookup, compile_draft=compile_draft, tree_nodes=tree_nodes,
+                          precisions=_csv(precisions))
     rid = run_sweep(cfg, db, resume=run_id or resume, progress=True, on_event=_sweep_events(verbose))
     out.print(f"run {rid} stored in {db}")
     if json_out is not None:

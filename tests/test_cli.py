@@ -109,6 +109,26 @@ def test_generate_pipelined(tiny_dirs, tmp_path):
     assert r.exit_code != 0 and "pipeline=True" in r.output
 
 
+def test_generate_tree_mode(tiny_dirs, tmp_path):
+    """--mode dspark-tree prints the plain decode's text; its options are refused where they mean nothing."""
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], markov_rank=0)
+    plain = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "a b c a b c", "-n", "10"])
+    args = ["generate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "-p", "a b c a b c", "-n", "10"]
+    for extra in ([], ["--tree-nodes", "5", "--max-draft", "2"]):
+        r = runner.invoke(app, args + ["--mode", "dspark-tree"] + extra)
+        assert r.exit_code == 0, r.output
+        assert "10 tokens" in r.output and r.output.splitlines()[0] == plain.output.splitlines()[0]
+    r = runner.invoke(app, args + ["--mode", "dspark", "--tree-nodes", "5"])
+    assert r.exit_code != 0 and "--mode dspark-tree option" in r.output
+    r = runner.invoke(app, args + ["--mode", "dspark-tree", "--max-draft", "auto"])
+    assert r.exit_code != 0 and "no cost curves for tree rounds" in r.output
+    markov = build_tiny_dspark(tmp_path / "markov", tiny_dirs["qwen3"])
+    r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "-d", str(markov), "-p", "hi", "--mode", "dspark-tree"])
+    assert r.exit_code != 0 and "Markov term" in r.output
+
+
 def test_generate_runs_the_head_it_is_given_without_a_mode(tiny_dirs, tmp_path):
     # A user who passes a head means it to draft: with --mode left out it runs in dspark mode
     # (it used to decode plainly and report an accept length of 1.00).

@@ -203,16 +203,16 @@ def test_an_entry_carries_its_share_of_the_bandwidth_limit(tmp_path):
     assert pairs[("qwen3-8b", CUDA)]["limit_share"] is None  # another model id: no bytes recorded for it
 
 
-def _pipe_db(tmp_path, model: str, head: str, config: dict):
-    """A run of a dspark-pipe arm at cap 3, 1.8x plain decoding over 6 trials, with this run config."""
-    engine = open_db(tmp_path / "pipe.duckdb")
+def _pipe_db(tmp_path, model: str, head: str, config: dict, mode: str = "dspark-pipe"):
+    """A run of a dspark-pipe (or `mode`) arm at cap 3, 1.8x plain decoding over 6 trials, with this run config."""
+    engine = open_db(tmp_path / f"{mode}.duckdb")
     with Session(engine) as s:
         s.add(Run(id="rp", status="finished", dspark_lab_version="0.1.0", device_key="k", machine=CUDA,
                   device_stamp=json.dumps({"backend": "cuda"}), config=json.dumps(config)))
         for p in PROMPTS:
             for i in range(2):
                 s.add(trial("rp", model, "baseline", "0", p, i, 100.0))
-                s.add(trial("rp", model, "dspark-pipe", "3", p, i, 180.0, drafter=head))
+                s.add(trial("rp", model, mode, "3", p, i, 180.0, drafter=head))
         s.commit()
     return engine
 
@@ -258,6 +258,13 @@ def test_an_entry_names_its_heads_where_users_have_them_and_its_loop_options(tmp
         conn.execute(text("UPDATE trials SET run_id = 'rp2' WHERE trial_index = 1"))
     [entry] = build_registry(engine)["pairs"]
     assert entry["options"] == {"compile_draft": True}
+
+
+def test_a_tree_entry_keeps_its_tree_size(tmp_path):
+    """A dspark-tree entry records the tree size its runs drafted (which generate --mode auto repeats)."""
+    engine = _pipe_db(tmp_path, "some/model", "some/head", {"tree_nodes": 24}, mode="dspark-tree")
+    [entry] = build_registry(engine)["pairs"]
+    assert (entry["mode"], entry["cap"], entry["options"]) == ("dspark-tree", 3, {"tree_nodes": 24})
 
 
 def test_a_precision_gets_its_own_entry_and_load_pair_takes_the_one_the_model_is_stored_at(tmp_path):

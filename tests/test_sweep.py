@@ -102,6 +102,28 @@ def test_the_pipelined_loop_is_an_arm_of_its_own(tiny_dirs, head, tmp_path):
     assert rows(db, "select count(*) from trials where mode = 'dspark-pipe' and cap = 'auto' and caps_chosen is not null")[0][0] == 4
 
 
+def test_tree_arms_run_lossless_at_fixed_caps(tiny_dirs, tmp_path):
+    """dspark-tree runs a head without a Markov term at the grid's fixed caps (no auto arm: no tree
+    cost curves), lossless, with its tree size in the run's config and stamp; a head with a Markov
+    term is skipped in that mode by name, and still runs in dspark."""
+    markov_free = build_tiny_dspark(tmp_path / "m0", tiny_dirs["qwen3"], block_size=4, markov_rank=0)
+    markov = build_tiny_dspark(tmp_path / "m16", tiny_dirs["qwen3"], block_size=4)
+    events = []
+    cfg = small_config(tiny_dirs["qwen3"], markov_free, drafters=[str(markov_free), str(markov)],
+                       modes=["baseline", "dspark", "dspark-tree"], caps=["3", "auto"], trials=1, tree_nodes=6)
+    db = tmp_path / "t.duckdb"
+    run_sweep(cfg, db, progress=False, on_event=events.append)
+    got = rows(db, "select drafter_id, cap, count(*), count(*) filter (where lossless) from trials where mode = 'dspark-tree' group by all")
+    assert got == [(str(markov_free), "3", 4, 4)]
+    assert any("skipping drafter" in e and "dspark-tree" in e and "Markov term" in e for e in events)
+    assert rows(db, "select count(distinct drafter_id) from trials where mode = 'dspark'")[0][0] == 2
+    assert max(max(json.loads(d)) for (d,) in rows(db, "select draft_lengths from trials where mode = 'dspark-tree'")) <= 6
+    (stamp, config), = rows(db, "select device_stamp, config from runs")
+    assert json.loads(config)["tree_nodes"] == 6 and json.loads(stamp)["engine_options"]["tree_nodes"] == 6
+    with pytest.raises(InputError, match="tree-nodes must be >= 1"):
+        small_config(tiny_dirs["qwen3"], markov_free, tree_nodes=0)
+
+
 def test_dspark_pipe_is_skipped_where_caches_cannot_be_pipelined(tmp_path):
     from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
 
@@ -392,7 +414,7 @@ def test_pipelined_arm_options_reach_the_loop_and_keep_old_grid_keys(tiny_dirs, 
     import hashlib
 
     legacy = asdict(plain)
-    for name in ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "precisions"):
+    for name in ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "tree_nodes", "precisions"):
         del legacy[name]
     assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
     db = tmp_path / "p.duckdb"

@@ -89,6 +89,7 @@ def speculative_generate(
     stop: Sequence[str] | str | None = None,
     on_text: Callable[[str], None] | None = None,
     apply_chat_template: bool = True,
+    tree_nodes: int = 0,
 ) -> GenResult:
     """Speculative decoding with a model head (DSpark, or DFlash): each round drafts up to
     `max_draft_tokens` (or what `cap_controller` chooses), verifies them in one target forward
@@ -100,7 +101,10 @@ def speculative_generate(
     the n-gram match runs on the device and its tokens replace the head's slot by slot, and
     `compile_draft=True` drafts through one compiled trace per round (greedy; off until measured
     faster on a GPU). `lookup_kernel=True` runs that device-side lookup as one custom CUDA kernel
-    (engine/kernels.py; lab/kernel_probe.py says whether it is exact and faster here)."""
+    (engine/kernels.py; lab/kernel_probe.py says whether it is exact and faster here).
+    `tree_nodes=N` (DSpark heads without a Markov term): each round verifies a tree of the head's
+    N likeliest drafts, at most `max_draft_tokens` deep, instead of one chain (engine/tree.py);
+    not with pipeline, lookup drafts or confidence truncation."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     limit = drafter.config.max_drafts
     if cap_controller is None and not 1 <= max_draft_tokens <= limit:
@@ -113,6 +117,19 @@ def speculative_generate(
     if (compile_draft or lookup_kernel) and not pipeline:
         what = "compile_draft" if compile_draft else "lookup_kernel"
         raise InputError(f"{what} is a pipelined-loop option: pass pipeline=True with it (or --mode dspark-pipe).")
+    if tree_nodes:
+        from .tree import HeadTreeSource, check_tree, tree_loop
+
+        if tree_nodes < 0:
+            raise InputError(f"tree_nodes must be >= 0 (0: one chain of drafts a round), got {tree_nodes}.")
+        clash = [name for name, on in (("pipeline", pipeline), ("lookup_drafts", lookup_drafts),
+                                       ("confidence_threshold", confidence_threshold > 0)) if on]
+        if clash:
+            raise InputError(f"tree_nodes cannot be combined with {', '.join(clash)}: a tree round drafts from the head "
+                             "alone and reads its candidates on the host. Drop one of them.")
+        check_tree(target, drafter)
+        return tree_loop(target, prompt_ids, params, HeadTreeSource(drafter), nodes=tree_nodes, max_new_tokens=max_new_tokens, cap=cap,
+                         stream=TextStream(tokenizer, stop, on_text), on_round=on_round)
     if pipeline:
         check_pipeline(target, drafter, confidence_threshold=confidence_threshold)
         from .pipeline import pipelined_loop

@@ -19,10 +19,11 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models import cache as cache_lib
 
-from ..errors import LoadError
-from .cache import BucketedKVCache
+from ..errors import InputError, LoadError
+from .cache import BucketedKVCache, bucketed
 from .compiled import MAX_WIDTH, OffsetForward, can_compile
 from .topk import top_k_indices
 
@@ -49,6 +50,7 @@ class _TapRecorder:
         self.wanted: frozenset[int] = frozenset()
         self.outputs: dict[int, mx.array] = {}
         self.launch_every = 0  # > 0: start evaluating every this many layers (Target.launch_every)
+        self.positions: mx.array | None = None  # a tree forward's per-row positions (Target.forward_tree)
 
 
 def _tapped_class(cls: type) -> type:
@@ -70,6 +72,46 @@ def _tapped_class(cls: type) -> type:
 
         _TAPPED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__})
     return _TAPPED_CLASSES[cls]
+
+
+_TREE_ROPE_CLASSES: dict[type, type] = {}
+
+
+def _tree_rope_class(cls: type) -> type:
+    """A subclass of a rotary-embedding class that, during a tree forward, rotates each row at
+    its own position (its depth in the tree) instead of at consecutive ones: the rows are made the
+    batch, whose offsets MLX's rope takes one per entry, so each row gets exactly the rotation a
+    plain forward gives the same token at that position."""
+    if cls not in _TREE_ROPE_CLASSES:
+
+        def __call__(self, x, offset=0):
+            positions = self._dspark_recorder.positions
+            if positions is None:
+                return cls.__call__(self, x, offset=offset)
+            return cls.__call__(self, x.swapaxes(0, 2), offset=positions).swapaxes(0, 2)  # (1, H, n, D) <-> (n, H, 1, D)
+
+        _TREE_ROPE_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__})
+    return _TREE_ROPE_CLASSES[cls]
+
+
+class TreeKV:
+    """A layer's BucketedKVCache during a tree forward: the rows are written after the cache as
+    usual, and attention gets the tree's mask (the cache, then each row's ancestors and itself)."""
+
+    def __init__(self, cache: BucketedKVCache, mask: mx.array):
+        self.cache, self.mask = cache, mask
+
+    @property
+    def offset(self) -> int:
+        return self.cache.offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        return self.cache.update_and_fetch(keys, values)
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        if window_size is not None:
+            raise InputError("tree drafts do not support sliding-window attention. Leave tree_nodes at 0 for this model.")
+        return self.mask
 
 
 # Names mlx-lm's families use for the decoder stack, its embedding and its final norm.
@@ -159,6 +201,7 @@ class Target:
             layer._dspark_index = i
         self.probed = False
         self._offset_checked: float | None = None  # check_offset_forward's result, once per model
+        self._tree_checked: float | None = None  # check_tree_forward's result, once per model
         self.trims_only = True  # set by make_cache
         self._compiled = False  # Target.compiled
         # forward_at: compiled for decode widths (measured faster in the pipelined loop), plain beyond.
@@ -364,6 +407,100 @@ class Target:
         fwd = self._at_offset[ids.shape[0] <= MAX_WIDTH]
         logits, tap_rows = fwd.run(ids, cache, offset, taps)
         return ForwardOut(logits, tap_rows)
+
+    # --- tree forward (engine/tree.py) ---------------------------------------------------------
+    def _rope_modules(self) -> list:
+        """Each layer's rotary-embedding modules (mlx-lm names them `rope`); LoadError where a
+        layer has none (the family rotates elsewhere, or not at all)."""
+        found = []
+        for i, layer in enumerate(self.layers):
+            ropes = [m for name, m in layer.named_modules() if name.split(".")[-1] == "rope"]
+            if not ropes:
+                raise LoadError(f"model_type {self.model_type!r} has no rope module in layer {i} that tree drafts can "
+                                "place at each row's depth. Leave tree_nodes at 0 for this model.")
+            found += ropes
+        return found
+
+    def forward_tree(self, ids: mx.array, depth: Sequence[int], ancestors: np.ndarray, cache: list, *,
+                     taps: Sequence[int] = ()) -> ForwardOut:
+        """Feed a draft tree's rows `ids` (1-D, breadth-first, row 0 its root) after the cache:
+        row i sits at position cache_len + depth[i] and attends to the cache and to the rows j with
+        ancestors[i, j] (its ancestors and itself). Returns logits and taps for every row; the
+        cache then holds all the rows (keep_tree_path keeps one path of them). Plain bucketed KV
+        caches only (check_tree_forward)."""
+        n = ids.shape[0]
+        if n == 1:
+            return self.forward(ids, cache, taps=taps)
+        if not can_compile(cache):
+            raise InputError(f"tree drafts need plain KV caches; model_type {self.model_type!r} keeps recurrent, rotating or "
+                             "quantized cache state (or kv_bits is set). Leave tree_nodes at 0 for it.")
+        for rope in self._rope_modules():
+            if type(rope) not in _TREE_ROPE_CLASSES.values():
+                rope.__class__ = _tree_rope_class(type(rope))
+                rope._dspark_recorder = self._recorder
+        start = cache[0].offset
+        visible = np.zeros((n, bucketed(start + n)), dtype=bool)
+        visible[:, :start] = True
+        visible[:, start : start + n] = ancestors
+        mask = mx.array(visible)
+        rec = self._recorder
+        rec.wanted, rec.outputs = frozenset(taps), {}
+        rec.positions = mx.array([start + d for d in depth], dtype=mx.int32)
+        try:
+            hidden = self._inner(ids[None], cache=[TreeKV(c, mask) for c in cache])
+        finally:
+            outs, rec.outputs, rec.wanted, rec.positions = rec.outputs, {}, frozenset(), None
+        return ForwardOut(self._logits(hidden[0]), {t: outs[t][0] for t in taps})
+
+    @staticmethod
+    def keep_tree_path(cache: list, path: Sequence[int], rows: int) -> None:
+        """After forward_tree of `rows` rows: keep the rows of `path` (ascending row numbers, the
+        root first), moved to follow the cache in that order, and drop the others."""
+        start = cache[0].offset - rows
+        keep = len(path)
+        if list(path) == list(range(keep)):  # already in place (a chain, or a rejected tree)
+            Target.trim(cache, rows - keep)
+            return
+        src = mx.array([start + i for i in path])
+        for c in cache:
+            c.keys[..., start : start + keep, :] = c.keys[..., src, :]
+            c.values[..., start : start + keep, :] = c.values[..., src, :]
+            c.offset = start + keep
+
+    def check_tree_forward(self) -> float:
+        """Once per model: a tree forward must reproduce the plain forward of each of its paths,
+        and a forward after keep_tree_path the plain forward after that path. Returns the relative
+        difference; LoadError naming the model_type when it exceeds PROBE_RTOL."""
+        if self._tree_checked is not None:
+            return self._tree_checked
+        if not can_compile(self.make_cache()):
+            raise InputError(f"tree drafts need plain KV caches; model_type {self.model_type!r} keeps recurrent, rotating or "
+                             "quantized cache state. Leave tree_nodes at 0 for it.")
+        v = self.vocab_size
+        prefix = [(5 * i + 2) % v for i in range(8)]
+        # root r; children a, b; a's child c; b's children d, e
+        r, a, b, c, d, e, nxt = ((11 * i + 7) % v for i in range(7))
+        parent, depth = [-1, 0, 0, 1, 2, 2], [0, 1, 1, 2, 2, 2]
+        anc = np.eye(6, dtype=bool)
+        for i in range(1, 6):
+            anc[i] |= anc[parent[i]]
+        cache = self.make_cache()
+        self.forward(mx.array(prefix, dtype=mx.uint32), cache)
+        got = self.forward_tree(mx.array([r, a, b, c, d, e], dtype=mx.uint32), depth, anc, cache).logits
+        self.keep_tree_path(cache, [0, 1, 3], 6)
+        after = self.forward(mx.array([nxt], dtype=mx.uint32), cache).logits
+        ref_rac = self.forward(mx.array(prefix + [r, a, c, nxt], dtype=mx.uint32), self.make_cache()).logits
+        ref_rb = self.forward(mx.array(prefix + [r, b], dtype=mx.uint32), self.make_cache()).logits
+        ref_d = self.forward(mx.array(prefix + [r, b, d], dtype=mx.uint32), self.make_cache()).logits
+        ref_e = self.forward(mx.array(prefix + [r, b, e], dtype=mx.uint32), self.make_cache()).logits
+        want = mx.stack([ref_rac[8], ref_rac[9], ref_rb[9], ref_rac[10], ref_d[10], ref_e[10], ref_rac[11]]).astype(mx.float32)
+        have = mx.concatenate([got, after]).astype(mx.float32)
+        err = (mx.abs(have - want).max() / mx.maximum(mx.abs(want).max(), 1.0)).item()
+        if not err <= PROBE_RTOL:
+            raise LoadError(f"the tree forward does not reproduce model_type {self.model_type!r} (relative difference "
+                            f"{err:.2e}, limit {PROBE_RTOL:.0e}). Leave tree_nodes at 0 for this model.")
+        self._tree_checked = err
+        return err
 
     def taps_batch(self, ids: mx.array, taps: Sequence[int]) -> dict[int, mx.array]:
         """Taps {layer: (B, L, hidden)} of a batch of right-padded sequences (B, L) in one

@@ -29,7 +29,7 @@ from ..engine.names import AS_LOADED, DEQUANTIZED, split_variant
 from ..errors import DsparkError, InputError, LoadError
 from ..schemas.records import Run, Trial, utcnow
 
-MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dflash", "draft", "draft-pipe", "mlx-lm")
+MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dspark-tree", "dflash", "draft", "draft-pipe", "mlx-lm")
 # mlx-lm: mlx-lm's own decoder on the same model (engine/reference.py), one trial per prompt beside
 # the baseline: its "speedup" is mlx-lm's rate over our greedy's, measured side by side.
 REFERENCE_MODES = ("mlx-lm",)
@@ -39,10 +39,12 @@ NON_DRAFTING_MODES = ("baseline", *REFERENCE_MODES)
 # The copy a run's bandwidth is measured with (lab/bandwidth.py): on a GPU well past its caches
 # (an H200's L2 is 50 MB); on a CPU 64 MiB gives the same figure as 1 GiB in a tenth of the time.
 BANDWIDTH_MIB = {"gpu": 1024, "cpu": 64}
-HEAD_MODES = ("dspark", "dspark-pipe", "dflash")  # modes that need a drafter head
+HEAD_MODES = ("dspark", "dspark-pipe", "dspark-tree", "dflash")  # modes that need a drafter head
 # dspark-pipe: a DSpark head through the pipelined loop (engine/pipeline.py), head drafts only
 # unless the grid sets pipe_lookup (device-side lookup drafts) or compile_draft; draft-pipe: a
-# draft model through the same loop.
+# draft model through the same loop. dspark-tree: a DSpark head without a Markov term verifying a
+# tree of its `tree_nodes` likeliest drafts a round (engine/tree.py); at fixed caps only (the cap
+# controller's cost curves are the chain's), so its "auto" arms are not planned.
 DRAFT_MODES = ("draft", "draft-pipe")  # modes that need a draft model
 AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size (lookup, a draft model)
 # A sweep's precisions: each model also runs stored another way, made on load (no second download):
@@ -71,6 +73,7 @@ class SweepConfig:
     launch_every: int | str = 0  # Target.launch_every for every arm, the baseline included; "auto": lab/launch_probe.py
     pipe_lookup: bool = False  # dspark-pipe arms add device-side n-gram lookup drafts (engine/pipeline.DeviceLookup)
     compile_draft: bool = False  # dspark-pipe arms draft through one compiled trace per round
+    tree_nodes: int = 16  # dspark-tree arms: drafts in a round's tree
     precisions: list[str] = field(default_factory=lambda: [AS_LOADED])  # each model at each (AS_LOADED above)
 
     def __post_init__(self) -> None:
@@ -93,6 +96,8 @@ class SweepConfig:
             raise InputError("--trials and --max-new-tokens must be >= 1.")
         if self.cooldown < 0:
             raise InputError("--cooldown must be >= 0 seconds.")
+        if self.tree_nodes < 1:
+            raise InputError(f"--tree-nodes must be >= 1 (the drafts in a dspark-tree round's tree), got {self.tree_nodes}.")
         from .launch_probe import parse_launch_every
 
         self.launch_every = parse_launch_every(self.launch_every)
@@ -107,6 +112,8 @@ class SweepConfig:
         for name in ("pipe_lookup", "compile_draft"):
             if not fields[name]:
                 del fields[name]  # and before these
+        if "dspark-tree" not in self.modes:
+            del fields["tree_nodes"]  # a grid without tree arms keeps the key it had before them
         if fields["precisions"] == [AS_LOADED]:
             del fields["precisions"]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
@@ -179,7 +186,7 @@ def plan_arms(cfg: SweepConfig, model_id: str, usable: list[tuple[str, str]]) ->
     for cap in cfg.caps:
         if "lookup" in cfg.modes:
             arms.append(Arm(model_id, "lookup", cap))
-        arms += [Arm(model_id, mode, cap, d) for mode, d in usable if mode in cfg.modes]
+        arms += [Arm(model_id, mode, cap, d) for mode, d in usable if mode in cfg.modes and not (mode == "dspark-tree" and cap == "auto")]
     return arms
 
 
@@ -258,6 +265,8 @@ def run_sweep(
     _check_paths(cfg)
     engine = open_db(db_path)
     pipe_options = {k: True for k in ("pipe_lookup", "compile_draft") if getattr(cfg, k)}
+    if "dspark-tree" in cfg.modes:
+        pipe_options["tree_nodes"] = cfg.tree_nodes
     stamp = collect_device_stamp({"drafter_bits": cfg.drafter_bits, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
                                   **({"launch_every": cfg.launch_every} if cfg.launch_every else {}), **pipe_options})
     from ..engine.loading import weights_digest
@@ -347,6 +356,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
     from ..engine import draft_model_generate, greedy_generate, load_target, lookup_generate, mlx_lm_generate, speculative_generate
     from ..engine.drafters.load import load_dflash, load_dspark
     from ..engine.speculative import check_pipeline_target, check_same_tokenizer
+    from ..engine.tree import check_tree
     from .calibrate import calibrate
     from .controller import DEFAULT_ACCEPTANCE, CapController
 
@@ -370,7 +380,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
     else:
         target.launch_every = cfg.launch_every
     drafters = {}  # (mode, drafter id) -> loaded head
-    loaders = {"dspark": load_dspark, "dspark-pipe": load_dspark, "dflash": load_dflash}
+    loaders = {"dspark": load_dspark, "dspark-pipe": load_dspark, "dspark-tree": load_dspark, "dflash": load_dflash}
     modes = [m for m in HEAD_MODES if m in cfg.modes]
     if "dspark-pipe" in modes:
         try:
@@ -380,12 +390,15 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
             modes.remove("dspark-pipe")
     for mode in modes:
         for d in cfg.drafters:
-            if mode == "dspark-pipe" and ("dspark", d) in drafters:
-                drafters[(mode, d)] = drafters[("dspark", d)]  # the same head; each generation resets its state
-                continue
             try:
-                drafters[(mode, d)] = loaders[mode](d, target, bits=cfg.drafter_bits)
-            except LoadError as e:  # a head of the other kind, or for another model in a multi-model grid
+                if mode in ("dspark-pipe", "dspark-tree") and ("dspark", d) in drafters:
+                    drafters[(mode, d)] = drafters[("dspark", d)]  # the same head; each generation resets its state
+                else:
+                    drafters[(mode, d)] = loaders[mode](d, target, bits=cfg.drafter_bits)
+                if mode == "dspark-tree":
+                    check_tree(target, drafters[(mode, d)])
+            except DsparkError as e:  # a head of the other kind, or for another model in a multi-model grid; one with a Markov term
+                drafters.pop((mode, d), None)
                 say(f"skipping drafter {d} for {model_id} in mode {mode}: {e}")
     draft_modes = [m for m in DRAFT_MODES if m in cfg.modes]
     if draft_modes:
@@ -443,6 +456,8 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
 
     def pipe_kwargs(mode: str) -> dict:
         """The loop a head arm runs: plain, or pipelined with the grid's dspark-pipe options."""
+        if mode == "dspark-tree":
+            return {"pipeline": False, "tree_nodes": cfg.tree_nodes}
         if mode != "dspark-pipe":
             return {"pipeline": False}
         return {"pipeline": True, "lookup_drafts": cfg.pipe_lookup, "compile_draft": cfg.compile_draft}

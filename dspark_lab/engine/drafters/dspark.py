@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from ..cache import BucketedKVCache, bucketed
 from ..compiled import ArrayOffsetKV
+from ..topk import top_k_indices
 from .dspark_config import DSparkConfig
 
 
@@ -324,6 +325,21 @@ class DSparkDrafter(ContextDrafter):
             survival = mx.sigmoid(conf.proj(feats)[:, 0])
         tokens_arr = mx.concatenate(tokens) if tokens else mx.zeros((0,), dtype=mx.uint32)
         return BlockOut(tokens_arr, mx.concatenate(probs, axis=0) if probs else None, survival)
+
+    def draft_top(self, pending: int | mx.array, cap: int, k: int) -> tuple[mx.array, mx.array]:
+        """The head's k best candidates at each of `cap` draft positions after `pending`, best first,
+        with their log-probabilities: (cap, k) target ids and (cap, k) float32, lazy. For tree drafts
+        (engine/tree.py), which need a head without a Markov term: then a position's candidates do
+        not depend on the tokens drafted before it."""
+        c = self.config
+        cap = min(cap, c.max_drafts)
+        h = self.hidden(pending, c.block_size, None)[c.logits_start : c.logits_start + cap]
+        logits = self.vocab_logits(h).astype(mx.float32)
+        top = top_k_indices(logits, k)
+        best = mx.take_along_axis(logits, top, axis=-1)
+        order = mx.argsort(-best, axis=-1)
+        top, best = mx.take_along_axis(top, order, axis=-1), mx.take_along_axis(best, order, axis=-1)
+        return self._to_target_ids(top.astype(mx.uint32)), best - mx.logsumexp(logits, axis=-1, keepdims=True)
 
     def draft_step_at(self, rows: dict[int, mx.array] | None, rows_at: mx.array | None, pending: mx.array, cap: int,
                       params, at: mx.array, *, compiled: bool = False) -> BlockOut:

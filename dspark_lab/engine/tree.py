@@ -1,0 +1,253 @@
+"""Tree drafts: verify several of a DSpark head's candidates per position in one target forward.
+
+A DSpark head without a Markov term drafts its block's positions independently of one another:
+position j's distribution does not depend on the tokens drafted before it. So its top-k per
+position costs no more to draft than its argmax, and any path through those candidates is a
+draft. A round here takes the `nodes` paths the head itself thinks likeliest (the product of its
+per-position probabilities, best first: EAGLE-2's rule, with no shape fitted to any data), lays
+them out as a tree below the pending token, and verifies the whole tree in one target forward:
+each node attends to the cache and to its own ancestors only, at the position of its depth
+(Target.forward_tree). The longest path the target agrees with is kept, its rows moved into
+place in the KV cache, the rest dropped.
+
+Lossless either way:
+- greedy: from the root, step to the child whose token is the target's argmax at the current
+  node, while there is one; that argmax after the last step is the round's own token. Every
+  kept token is the target's greedy token after the kept tokens before it.
+- temperature > 0: the candidates are fixed before the target is read (point masses), so at a
+  node with target distribution p the children are tried in turn: child c is accepted with
+  probability r(c) / 1, where r is p with the children tried before removed and renormalized;
+  when none is accepted the round's token is drawn from the last r. The token leaving each node
+  is then distributed exactly as p (tests/test_tree.py checks the distribution).
+
+docs/performance.md (thirty-fourth round) measures what a tree accepts against the chain on the
+Qwen 1.5B head, and benchmarks/tree_accept.py counts it teacher-forced from the same rule.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import InputError
+from .generate import GenResult, _Clock
+from .sampling import SamplingParams, pick_token, target_probs
+from .target import Target
+from .text import TextStream
+
+# Candidates per draft position the tree may branch into (the head's top-k). A path through a
+# rank >= TREE_TOP_K is never likelier than the `nodes` best at the budgets that pay.
+TREE_TOP_K = 8
+
+
+def best_paths(logp: np.ndarray, nodes: int) -> list[tuple[int, ...]]:
+    """The `nodes` likeliest rank-paths under independent per-position log-probabilities `logp`
+    (depth, k), each sorted best first: a path (r0, r1, ..) drafts the r0-th candidate at position
+    0, the r1-th at position 1, ... Best-first from the top-1 path's first node; a node's next
+    sibling and first child are never likelier than it, so every path's parent comes before it
+    and the result is a tree."""
+    depth, k = logp.shape
+    if nodes <= 0 or depth == 0:
+        return []
+    out: list[tuple[int, ...]] = []
+    heap = [(-float(logp[0, 0]), (0,))]
+    while heap and len(out) < nodes:
+        neg, path = heapq.heappop(heap)
+        out.append(path)
+        d, last = len(path), path[-1]
+        if last + 1 < k:  # next sibling: the same prefix, the next candidate at this depth
+            heapq.heappush(heap, (neg + float(logp[d - 1, last] - logp[d - 1, last + 1]), path[:-1] + (last + 1,)))
+        if d < depth:  # first child: the top candidate one position deeper
+            heapq.heappush(heap, (neg - float(logp[d, 0]), path + (0,)))
+    return out
+
+
+@dataclass
+class TreeLayout:
+    """A draft tree in breadth-first order; node 0 is the root (the pending token, depth 0).
+    Node i > 0 drafts candidate `rank[i]` of position `depth[i] - 1`; `parent[i] < i`."""
+
+    parent: list[int]
+    depth: list[int]
+    rank: list[int]
+
+    @classmethod
+    def from_paths(cls, paths: list[tuple[int, ...]]) -> "TreeLayout":
+        order = sorted(paths, key=lambda p: (len(p), p))
+        index = {(): 0}
+        parent, depth, rank = [-1], [0], [0]
+        for p in order:
+            if p[:-1] not in index:
+                raise ValueError(f"path {p} has no parent in the tree")
+            index[p] = len(parent)
+            parent.append(index[p[:-1]])
+            depth.append(len(p))
+            rank.append(p[-1])
+        return cls(parent, depth, rank)
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+    def children(self) -> list[list[int]]:
+        """Each node's children, best candidate first."""
+        kids: list[list[int]] = [[] for _ in self.parent]
+        for i in range(1, len(self.parent)):
+            kids[self.parent[i]].append(i)
+        for k in kids:
+            k.sort(key=lambda i: self.rank[i])
+        return kids
+
+    def ancestors(self) -> np.ndarray:
+        """(n, n) booleans: node i sees node j when j is i or one of its ancestors."""
+        n = len(self.parent)
+        vis = np.eye(n, dtype=bool)
+        for i in range(1, n):
+            vis[i] |= vis[self.parent[i]]
+        return vis
+
+
+def walk_greedy(layout: TreeLayout, tokens: list[int], best: list[int]) -> tuple[list[int], int]:
+    """Greedy verdict: the kept nodes from the root (root included) and the round's own token."""
+    kids = layout.children()
+    path = [0]
+    while True:
+        step = next((c for c in kids[path[-1]] if tokens[c] == best[path[-1]]), None)
+        if step is None:
+            return path, best[path[-1]]
+        path.append(step)
+
+
+def walk_sampled(layout: TreeLayout, child_p: list[float], uniform: list[float], residual: list[int]) -> tuple[list[int], int]:
+    """Sampled verdict. child_p[c]: the target's probability of node c's token at its parent;
+    uniform[c]: a uniform draw for trying c; residual[u]: a draw from node u's distribution with
+    all its children's tokens removed (its own distribution at a leaf)."""
+    kids = layout.children()
+    path = [0]
+    while True:
+        u, left, step = path[-1], 1.0, None
+        for c in kids[u]:
+            if left > 0 and uniform[c] * left < child_p[c]:  # accept c with probability child_p[c] / left
+                step = c
+                break
+            left -= child_p[c]
+        if step is None:
+            return path, residual[u]
+        path.append(step)
+
+
+def check_tree(target: Target, drafter) -> None:
+    """Refuse a tree run it cannot do exactly, saying what to change."""
+    if drafter.kind != "dspark" or drafter.config.causal:
+        raise InputError(f"tree drafts need a DSpark head with a bidirectional block; this is a {drafter.kind} head. "
+                         "Leave tree_nodes at 0 for it.")
+    if getattr(drafter.head, "markov_head", None) is not None:
+        raise InputError("tree drafts need a head that drafts its positions independently (markov_rank 0); this head has "
+                         "a Markov term, so its candidates depend on the path. Leave tree_nodes at 0 for it.")
+    target.check_tree_forward()
+
+
+class HeadTreeSource:
+    """Where a tree round's candidates come from: a DSpark head's top-k per position. Fed every
+    committed row's taps, as the chain's HeadSource feeds it (engine/speculative.py)."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.taps = drafter.target_layer_ids
+        self.max_depth = drafter.config.max_drafts
+
+    def start(self, prompt_ids: list[int], prompt_taps: dict[int, mx.array]) -> None:
+        self.drafter.reset()
+        self.drafter.append_context(prompt_taps)
+
+    def candidates(self, pending: int, depth: int, k: int) -> tuple[mx.array, mx.array]:
+        """(depth, k) candidate ids and their log-probabilities, best first per position."""
+        return self.drafter.draft_top(pending, depth, k)
+
+    def commit(self, tokens: list[int], taps: dict[int, mx.array]) -> None:
+        """The round kept `tokens` (the pending token and the accepted drafts, not the round's own
+        new token); `taps` are the target's rows for them."""
+        self.drafter.append_context(taps)
+
+
+def tree_loop(
+    target: Target,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    source: HeadTreeSource,
+    *,
+    nodes: int,
+    max_new_tokens: int,
+    cap: int | Callable[[], int],
+    stream: TextStream,
+    on_round: Callable[[int, int, float], None] | None = None,
+) -> GenResult:
+    """The verify loop with tree drafts of up to `nodes` nodes below the pending token, at most
+    `cap` deep. A round reads the host twice: the head's top-k log-probabilities (to choose the
+    tree) and the verdict."""
+    clock = _Clock()
+    cache = target.make_cache()
+    taps = source.taps
+    prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, taps=taps, last_only=True)
+    pending = pick_token(prefill.logits[-1], params).item()
+    source.start(prompt_ids, prefill.taps)
+    clock.first_token()
+    forwards, host_reads, accepts, drafted = 1, 1, [], []
+    done = stream.add([pending])
+    produced = 1
+    while not done and produced < max_new_tokens:
+        t0 = time.perf_counter()
+        want = cap() if callable(cap) else cap
+        depth = max(0, min(want, max_new_tokens - produced - 1, source.max_depth))
+        if depth:
+            top, logp = source.candidates(pending, depth, TREE_TOP_K)
+            layout = TreeLayout.from_paths(best_paths(np.array(logp), nodes))
+            host_reads += 1
+            picks = top[mx.array([d - 1 for d in layout.depth[1:]]), mx.array(layout.rank[1:])]
+            ids = mx.concatenate([mx.array([pending], dtype=mx.uint32), picks.astype(mx.uint32)])
+        else:
+            layout, ids = TreeLayout([-1], [0], [0]), mx.array([pending], dtype=mx.uint32)
+        out = target.forward_tree(ids, layout.depth, layout.ancestors(), cache, taps=taps)
+        if params.greedy:
+            best = mx.argmax(out.logits, axis=-1).astype(mx.uint32)
+            read = mx.concatenate([ids, best]).tolist()  # the round's verdict read
+            tokens = read[: len(layout)]
+            path, nxt = walk_greedy(layout, tokens, read[len(layout):])
+        else:
+            p = target_probs(out.logits, params)  # (n, vocab)
+            parent = mx.array([0] + layout.parent[1:])
+            child_p = p[parent, ids.astype(mx.int32)]  # node c's token at its parent (node 0's entry unused)
+            removed = mx.zeros(p.shape)
+            if len(layout) > 1:  # each node's children's tokens, taken out of its distribution
+                removed = removed.at[parent[1:], ids[1:].astype(mx.int32)].add(1.0)
+            rest = mx.where(removed > 0, 0.0, p)
+            mass = rest.sum(axis=-1, keepdims=True)
+            rest = mx.where(mass > 0, rest / mx.maximum(mass, 1e-30), p)
+            residual = mx.random.categorical(mx.log(rest), axis=-1)
+            uniform = mx.random.uniform(shape=(len(layout),))
+            tokens, cp, un, res = ids.tolist(), child_p.tolist(), uniform.tolist(), residual.tolist()
+            path, nxt = walk_sampled(layout, cp, un, res)
+        host_reads += 1
+        forwards += 1
+        target.keep_tree_path(cache, path, len(layout))
+        kept = [tokens[i] for i in path[1:]]
+        rows = mx.array(path)
+        source.commit([tokens[i] for i in path], {t: r[rows] for t, r in out.taps.items()})
+        new = kept + [nxt]
+        accepts.append(len(new))
+        drafted.append(len(layout) - 1)
+        produced += len(new)
+        pending = nxt
+        done = stream.add(new)
+        if on_round is not None:
+            on_round(len(layout) - 1, len(new), time.perf_counter() - t0)
+    if not done:
+        stream.finish("length")
+    result = clock.result(stream, prompt_tokens=len(prompt_ids), rounds=forwards - 1, forwards=forwards,
+                          accepts=accepts, drafts=drafted, mode="dspark-tree")
+    result.host_reads = host_reads
+    return result

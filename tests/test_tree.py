@@ -1,0 +1,166 @@
+"""Tree drafts (engine/tree.py): the tree forward reproduces plain forwards of each path, the
+best-first tree is the likeliest paths, and generation through trees is lossless: the greedy
+tokens at temperature 0, the target's distribution at temperature > 0."""
+
+import itertools
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from conftest import FAMILIES, PROMPTS, REPETITIVE, assert_same_token_distribution
+from dspark_lab import greedy_generate, speculative_generate
+from dspark_lab.engine.drafters.load import load_dspark
+from dspark_lab.engine.tree import TreeLayout, best_paths, tree_loop, walk_greedy, walk_sampled
+from dspark_lab.engine.generate import _setup
+from dspark_lab.engine.text import TextStream
+from dspark_lab.errors import InputError
+from dspark_lab.tiny import build_tiny_dspark
+
+
+def test_best_paths_are_the_likeliest_and_a_tree():
+    rng = np.random.default_rng(0)
+    depth, k = 4, 3
+    logp = np.sort(np.log(rng.dirichlet(np.ones(6), size=depth))[:, :k], axis=1)[:, ::-1]
+    every = [p for d in range(1, depth + 1) for p in itertools.product(range(k), repeat=d)]
+    score = {p: sum(logp[i, r] for i, r in enumerate(p)) for p in every}
+    for nodes in (1, 5, 12, 30):
+        got = best_paths(logp, nodes)
+        assert len(got) == nodes and len(set(got)) == nodes
+        assert all(len(p) == 1 or p[:-1] in got for p in got)  # every parent is in: a tree
+        # no path left out is likelier than the least likely one taken
+        assert max(score[p] for p in every if p not in got) <= min(score[p] for p in got) + 1e-12
+    assert best_paths(logp, 0) == [] and best_paths(logp[:0], 4) == []
+
+
+def test_layout_is_breadth_first_with_ancestors():
+    lay = TreeLayout.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 1), (0, 0, 0)])
+    assert lay.depth == [0, 1, 1, 2, 2, 2, 3]
+    assert lay.parent == [-1, 0, 0, 1, 1, 2, 3]
+    assert lay.children()[1] == [3, 4]
+    anc = lay.ancestors()
+    assert anc[6].tolist() == [True, True, False, True, False, False, True]
+    with pytest.raises(ValueError, match="no parent"):
+        TreeLayout.from_paths([(0, 1)])
+
+
+def test_walk_greedy_follows_the_targets_argmax():
+    lay = TreeLayout.from_paths([(0,), (1,), (0, 0), (1, 0)])  # root; a=1, b=2; a's child 3, b's child 4
+    tokens = [9, 5, 6, 7, 8]
+    assert walk_greedy(lay, tokens, [6, 0, 8, 0, 0]) == ([0, 2, 4], 0)  # b, then b's child, then the target's 0
+    assert walk_greedy(lay, tokens, [4, 0, 0, 0, 0]) == ([0], 4)  # nothing agrees: the target's own token
+
+
+def test_walk_sampled_gives_the_targets_distribution():
+    """One node with three candidate children: the token leaving it follows p exactly."""
+    p = np.array([0.1, 0.3, 0.2, 0.4])  # tokens 0..3; children draft tokens 3, 1, 0 in that order
+    lay = TreeLayout.from_paths([(0,), (1,), (2,)])
+    tokens = [9, 3, 1, 0]
+    child_p = [0.0, p[3], p[1], p[0]]
+    rng = np.random.default_rng(1)
+    counts = np.zeros(4)
+    n = 40000
+    for _ in range(n):
+        path, nxt = walk_sampled(lay, child_p, rng.uniform(size=4).tolist(), [2, 0, 0, 0])  # the residual: token 2 only
+        counts[tokens[path[1]] if len(path) > 1 else nxt] += 1
+    from scipy import stats
+
+    assert stats.chisquare(counts, p * n).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tree_forward_reproduces_each_path(tiny_models, family):
+    target, _ = tiny_models[family]
+    assert target.check_tree_forward() <= 1e-5  # float32: rounding at most
+
+
+class OracleSource:
+    """Tree candidates from the target itself along its greedy path, their ranks shuffled among
+    the first three (so kept paths run through second and third candidates too): deep trees get
+    accepted, partly, on a random tiny target."""
+
+    def __init__(self, target, seed: int = 0, shuffle: bool = True):
+        self.target, self.rng, self.shuffle = target, np.random.default_rng(seed), shuffle
+        self.taps, self.max_depth, self.history = (), 4, []
+
+    def start(self, prompt_ids, prompt_taps):
+        self.history = list(prompt_ids)
+
+    def candidates(self, pending, depth, k):
+        ctx = self.history + [pending]
+        logits = self.target.forward(mx.array(ctx, dtype=mx.uint32), self.target.make_cache()).logits
+        tops = []
+        for _ in range(depth):
+            row = np.array(logits[-1].astype(mx.float32))
+            top = list(np.argsort(-row)[:k])
+            ctx.append(int(top[0]))
+            if self.shuffle:
+                head = top[:3]
+                self.rng.shuffle(head)
+                top[:3] = head
+            tops.append(top)
+            logits = self.target.forward(mx.array(ctx, dtype=mx.uint32), self.target.make_cache()).logits
+        logp = np.log(np.linspace(0.5, 0.05, k))[None].repeat(depth, axis=0)
+        return mx.array(np.array(tops, dtype=np.uint32)), mx.array(logp.astype(np.float32))
+
+    def commit(self, tokens, taps):
+        self.history += tokens
+
+
+def oracle_generate(target, tok, prompt, *, nodes, seed=0, max_new_tokens=24):
+    """The tree loop with OracleSource on a chat-templated prompt, greedy."""
+    params, ids = _setup(target, tok, prompt, max_new_tokens, 0.0, 1.0, 0, None, True)
+    return tree_loop(target, ids, params, OracleSource(target, seed), nodes=nodes, max_new_tokens=max_new_tokens,
+                     cap=4, stream=TextStream(tok, None, None))
+
+
+@pytest.mark.parametrize("nodes", [1, 3, 8, 20])
+def test_tree_generation_is_lossless_greedy(qwen3, greedy_refs, nodes):
+    """Trees of the target's own candidates, shuffled: many rounds keep several tokens, some
+    through second or third candidates, and the output is the greedy tokens."""
+    target, tok = qwen3
+    kept_past_first = 0
+    for i, p in enumerate(PROMPTS[:6]):
+        r = oracle_generate(target, tok, p, nodes=nodes, seed=i)
+        assert r.token_ids == greedy_refs[p], p
+        kept_past_first += sum(a > 2 for a in r.accept_lengths)
+        assert r.mode == "dspark-tree" and len(r.accept_lengths) == r.num_rounds
+    if nodes >= 8:
+        assert kept_past_first > 10
+
+
+def test_tree_generation_with_a_real_head(qwen3, greedy_refs, tiny_dirs, tmp_path):
+    target, tok = qwen3
+    drafter = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0), target)
+    for p in PROMPTS[:6]:
+        r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, tree_nodes=12)
+        assert r.token_ids == greedy_refs[p]
+        assert max(r.draft_lengths) == 12
+
+
+def test_tree_sampling_is_exact(qwen3):
+    """Tokens 2-4 sampled through trees follow plain sampling's distribution (chi-square, ALPHA)."""
+    target, tok = qwen3
+    prompt, n = REPETITIVE[1], 300
+    params = dict(max_new_tokens=4, temperature=1.0, top_k=3, apply_chat_template=False)
+    plain = [greedy_generate(target, tok, prompt, seed=s, **params).token_ids for s in range(n)]
+    runs = []
+    for s in range(n):
+        mx.random.seed(7000 + s)
+        p, ids = _setup(target, tok, prompt, 4, 1.0, 1.0, 3, None, False)
+        runs.append(tree_loop(target, ids, p, OracleSource(target, s), nodes=8, max_new_tokens=4, cap=3,
+                              stream=TextStream(tok, None, None)))
+    assert sum(sum(a - 1 for a in r.accept_lengths) for r in runs) > n  # drafts were accepted
+    assert_same_token_distribution(plain, [r.token_ids for r in runs], (1, 2, 3))
+
+
+def test_tree_refuses_what_it_cannot_do(qwen3, heads):
+    target, tok = qwen3
+    markov = load_dspark(heads["qwen3"], target)
+    with pytest.raises(InputError, match="Markov term"):
+        speculative_generate(target, tok, markov, "hi", tree_nodes=8, max_draft_tokens=3)
+    with pytest.raises(InputError, match="cannot be combined with pipeline"):
+        speculative_generate(target, tok, markov, "hi", tree_nodes=8, max_draft_tokens=3, pipeline=True)
+    with pytest.raises(InputError, match="tree_nodes must be >= 0"):
+        speculative_generate(target, tok, markov, "hi", tree_nodes=-1, max_draft_tokens=3)
