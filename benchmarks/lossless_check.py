@@ -3,10 +3,12 @@ token identity per prompt, and for every difference where it starts and how clos
 top two logits were there.
 
     python benchmarks/lossless_check.py --model DIR [--head DIR --mode dspark|dflash --cap 4 [--lookup-drafts]]
-        [--prompts copy,code] [--limit 6] [--only code-005,...] [--max-new-tokens 512] [--no-lookup-arm] [--dtype float32]
+        [--tree-nodes 8,16] [--prompts copy,code] [--limit 6] [--only code-005,...] [--max-new-tokens 512] [--no-lookup-arm]
+        [--dtype float32]
 
 The head drafts on its own unless --lookup-drafts (then a long n-gram match is verified instead),
-so its mean accept length is the head's. Per set it also prints, for each draft position, the share
+so its mean accept length is the head's. `--tree-nodes 8,16` adds an arm per size with the same head
+drafting trees (mode dspark-tree, at most --cap deep), beside the chain on the same prompts. Per set it also prints, for each draft position, the share
 of the rounds that drafted it which accepted it (and every draft before it); the --out JSON keeps
 each prompt's per-round accept and draft lengths.
 """
@@ -42,9 +44,13 @@ def main() -> None:
     ap.add_argument("--cap", type=int, default=4)
     ap.add_argument("--lookup-drafts", action="store_true")
     ap.add_argument("--no-lookup-arm", action="store_true")
+    ap.add_argument("--tree-nodes", default="", help="comma-separated tree sizes: an arm each, the head drafting trees (dspark-tree)")
     ap.add_argument("--drafter-bits", type=int, default=4, help="head weight bits (16 = as saved)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    trees = [int(n) for n in args.tree_nodes.split(",") if n.strip()]
+    if trees and not args.head:
+        raise SystemExit("--tree-nodes needs --head (a DSpark head without a Markov term)")
     target, tok = load_target(args.model, dtype=args.dtype)
     head = None
     if args.head:
@@ -61,6 +67,8 @@ def main() -> None:
     first = encode_prompt(tok, prompts[0].as_input())
     greedy_generate(target, tok, first, max_new_tokens=32)  # warm-up (kernel compiles)
     lookup_generate(target, tok, first, max_new_tokens=32)
+    for n in trees:  # the tree forward's first widths compile too
+        speculative_generate(target, tok, head, first, max_new_tokens=32, max_draft_tokens=args.cap, tree_nodes=n)
     rows = []
     for p in prompts:
         ids = encode_prompt(tok, p.as_input())
@@ -69,6 +77,9 @@ def main() -> None:
         if head is not None:
             arms[args.mode] = speculative_generate(target, tok, head, ids, max_new_tokens=args.max_new_tokens, max_draft_tokens=args.cap,
                                                    lookup_drafts=args.lookup_drafts)
+        for n in trees:
+            arms[f"dspark-tree{n}"] = speculative_generate(target, tok, head, ids, max_new_tokens=args.max_new_tokens,
+                                                           max_draft_tokens=args.cap, tree_nodes=n)
         for name, r in arms.items():
             div = first_divergence(target, ids, base.token_ids, r.token_ids)
             rows.append({"prompt": p.id, "set": p.domain, "arm": name, "context": len(ids) + base.num_tokens, "identical": div is None,
@@ -83,6 +94,10 @@ def main() -> None:
             picked = [r for r in rows if r["arm"] == arm and domain in (None, r["set"])]
             acc = [r["mean_accept"] for r in picked]
             print(f"{arm} {domain or 'all'}: mean accept length {sum(acc) / len(acc):.3f} over {len(acc)} prompts (per-prompt mean)")
+            rates = sorted(r["speedup"] for r in picked if r["speedup"])
+            if rates:  # measured side by side with greedy on each prompt, after the warm-up
+                print(f"{arm} {domain or 'all'}: decode speedup over greedy, median {rates[len(rates) // 2]:.3f} "
+                      f"(range {rates[0]:.2f}-{rates[-1]:.2f}) over {len(rates)} prompts")
             # Where the drafts fail: of the rounds that drafted position i, the share accepted up to it
             # (pooled over the prompts' rounds). A steep fall after position 1 says the chain is weak,
             # a low first value that the head's first guess is.

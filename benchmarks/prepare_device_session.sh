@@ -11,17 +11,21 @@
 #      each call then carries 0.75 MB of tracked files instead of 35 MiB), and the ship parts:
 #      mlx, data (the rows, each EXTRA_FILE, e.g. prompt files for GEN_PROMPTS, and the model's
 #      committed head, fixtures/MODEL-dspark, as head/) and the model.
+#   bash benchmarks/prepare_device_session.sh trees
+# prepares a measuring session instead (benchmarks/h200_trees.sh): both Qwen models, their committed
+# heads as data/heads/qwen05 and data/heads/qwen15, MLX; no ShareGPT, no rows.
 # Commit first: the slim checkout refuses uncommitted changes. After the last device call:
 #   bash benchmarks/slim_checkout.sh off
 # WORK (default /tmp/dspark-session) keeps the downloads and the data; a step whose output is
 # there already is skipped, so the script can run again after a failure.
 set -euo pipefail
 root="$(git rev-parse --show-toplevel)"; cd "$root"
-name=${1:?usage: bash benchmarks/prepare_device_session.sh qwen05|qwen15 [EXTRA_FILE...]}; shift
+name=${1:?usage: bash benchmarks/prepare_device_session.sh qwen05|qwen15|trees [EXTRA_FILE...]}; shift
 case $name in
   qwen05) model=qwen2.5-coder-0.5b ;;
   qwen15) model=qwen2.5-coder-1.5b ;;
-  *) echo "unknown session $name (qwen05, qwen15)" >&2; exit 2 ;;
+  trees) model= ;;
+  *) echo "unknown session $name (qwen05, qwen15, trees)" >&2; exit 2 ;;
 esac
 for f in "$@"; do [ -f "$f" ] || { echo "extra file $f not found" >&2; exit 2; }; done
 cli=${DSPARK_LAB:-$root/.venv/bin/dspark-lab}
@@ -30,6 +34,26 @@ work=${WORK:-/tmp/dspark-session}
 models=${MODELS_DIR:-$HOME/.cache/dspark-lab/models}
 mkdir -p "$work/data"
 export HF_HUB_OFFLINE=1
+
+if [ "$name" = trees ]; then
+  for short in qwen05:qwen2.5-coder-0.5b qwen15:qwen2.5-coder-1.5b; do
+    m=${short#*:} dest=$work/trees/heads/${short%%:*}
+    [ -d "$models/$m-q4-bfloat16" ] || "$cli" fetch-model "$m" --q-bits 4 --dtype bfloat16
+    if [ -f "fixtures/$m-dspark/model.safetensors" ]; then  # (a re-run on the slim checkout keeps the earlier copy)
+      rm -rf "$dest" && mkdir -p "$dest" && cp "fixtures/$m-dspark/config.json" "fixtures/$m-dspark/model.safetensors" "$dest/"
+    fi
+    [ -f "$dest/model.safetensors" ] || { echo "no committed head fixtures/$m-dspark to ship" >&2; exit 2; }
+  done
+  [ -d .device/mlx/p00 ] || bash "${MLX_KIT:-../shared/device/mlx-kit.sh}"
+  [ "$(git branch --show-current)" = device-slim ] || bash benchmarks/slim_checkout.sh on
+  bash benchmarks/ship_parts.sh --recut mlx
+  bash benchmarks/ship_parts.sh data -C "$work/trees" heads
+  bash benchmarks/ship_parts.sh qwen15 -C "$models" qwen2.5-coder-1.5b-q4-bfloat16
+  bash benchmarks/ship_parts.sh qwen05 -C "$models" qwen2.5-coder-0.5b-q4-bfloat16
+  echo "ready: ship .device/mlx, .device/data, .device/qwen15 and .device/qwen05 part by part (one device call each);"
+  echo "then OUT=\$OUT bash benchmarks/h200_trees.sh qwen15 (one call) and qwen05 (another); 'slim_checkout.sh off' after the last call"
+  exit 0
+fi
 
 weights=$models/$model-q4-bfloat16
 [ -d "$weights" ] || "$cli" fetch-model "$model" --q-bits 4 --dtype bfloat16

@@ -92,7 +92,7 @@ def test_one_command_makes_every_part_and_a_second_run_skips_what_is_made(setup)
 def test_bad_arguments_are_refused_before_anything_runs(setup):
     repo, env, extra, _, calls = setup
     r = prepare(repo, env, "qwen7")
-    assert r.returncode == 2 and "unknown session qwen7 (qwen05, qwen15)" in r.stderr
+    assert r.returncode == 2 and "unknown session qwen7 (qwen05, qwen15, trees)" in r.stderr
     r = prepare(repo, env, "qwen05", "/nowhere/prompts.jsonl.gz")
     assert r.returncode == 2 and "extra file /nowhere/prompts.jsonl.gz not found" in r.stderr
     assert not calls.exists()
@@ -113,3 +113,27 @@ def test_the_models_committed_head_travels_with_the_data(setup):
     assert "INIT=/root/ship/data/head" in r.stdout and not (repo / "fixtures").exists()  # slim now
     again = prepare(repo, env, "qwen05")  # on the slim checkout: the copy made before stays
     assert again.returncode == 0 and (work / "data" / "head" / "model.safetensors").read_text() == "4-bit"
+
+
+def test_a_trees_session_ships_both_models_and_their_heads(setup):
+    """`trees` (benchmarks/h200_trees.sh's session): both Qwen models and their committed heads,
+    no ShareGPT reading and no rows; a second run on the slim checkout keeps the heads it copied."""
+    repo, env, _, work, calls = setup
+    for m in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        head = repo / "fixtures" / f"{m}-dspark"
+        head.mkdir(parents=True)
+        (head / "config.json").write_text("{}")
+        (head / "model.safetensors").write_text(m)
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "heads")
+    r = prepare(repo, env, "trees")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert calls.read_text().splitlines() == ["fetch-model qwen2.5-coder-0.5b --q-bits 4 --dtype bfloat16",
+                                              "fetch-model qwen2.5-coder-1.5b --q-bits 4 --dtype bfloat16", "mlx-kit"]
+    for name in ("mlx", "data", "qwen15", "qwen05"):
+        assert (repo / ".device" / name / "p00" / "manifest").exists()
+    assert (work / "trees" / "heads" / "qwen15" / "model.safetensors").read_text() == "qwen2.5-coder-1.5b"
+    assert "h200_trees.sh qwen15" in r.stdout and not (repo / "fixtures").exists()
+    again = prepare(repo, env, "trees")
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert (work / "trees" / "heads" / "qwen05" / "model.safetensors").read_text() == "qwen2.5-coder-0.5b"

@@ -164,3 +164,87 @@ def test_tree_refuses_what_it_cannot_do(qwen3, heads):
         speculative_generate(target, tok, markov, "hi", tree_nodes=8, max_draft_tokens=3, pipeline=True)
     with pytest.raises(InputError, match="tree_nodes must be >= 0"):
         speculative_generate(target, tok, markov, "hi", tree_nodes=-1, max_draft_tokens=3)
+
+
+def test_tree_accept_counts_what_the_engine_decodes(qwen3, tiny_dirs, tmp_path):
+    """benchmarks/tree_accept.py on the tiny pair: `measure` + `trees` count the chain as the
+    engine's chain, and `decode` finds every tree round's accepted drafts equal to the
+    teacher-forced count at its anchor, with the greedy tokens."""
+    import gzip
+    import json
+    import subprocess
+    import sys
+
+    from scripts import BENCHMARKS
+
+    target, tok = qwen3
+    head = build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0, block_size=5)
+    rows = tmp_path / "rows.jsonl.gz"
+    with gzip.open(rows, "wt") as f:
+        for i, p in enumerate(PROMPTS[:3]):
+            ids = tok.encode(p)
+            out = greedy_generate(target, tok, ids, max_new_tokens=20).token_ids
+            f.write(json.dumps({"ids": ids + out, "prompt_len": len(ids), "set": "code", "prompt_id": f"p{i}"}) + "\n")
+    common = ["--model", str(tiny_dirs["qwen3"]), "--head", str(head), "--data", str(rows), "--cap", "4", "--drafter-bits", "16"]
+    run = lambda *a: subprocess.run([sys.executable, str(BENCHMARKS / "tree_accept.py"), *a], capture_output=True, text=True,  # noqa: E731
+                                    timeout=300)
+    r = run("measure", *common, "--out", str(tmp_path / "r.npz"))
+    assert r.returncode == 0, r.stderr
+    r = run("trees", str(tmp_path / "r.npz"), "--budgets", "4,8", "--json", str(tmp_path / "t.json"))
+    assert r.returncode == 0, r.stderr
+    got = json.loads((tmp_path / "t.json").read_text())["results"]
+    assert set(got) == {"chain (top-1)", "static tree 4", "static tree 8", "dynamic tree 4", "dynamic tree 8"}
+    assert got["dynamic tree 8"]["every_anchor"] >= got["chain (top-1)"]["every_anchor"] >= 1.0
+    r = run("decode", *common, "--nodes", "8", "--ranks", str(tmp_path / "r.npz"), "--json", str(tmp_path / "d.json"))
+    assert r.returncode == 0, r.stderr
+    decoded = json.loads((tmp_path / "d.json").read_text())["rows"]
+    assert len(decoded) == 3 and all(d["same_tokens"] and d["equal"] for d in decoded)
+
+
+def test_lossless_check_runs_tree_arms(tiny_dirs, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from scripts import BENCHMARKS
+
+    head = build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0, block_size=5)
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "lossless_check.py"), "--model", str(tiny_dirs["qwen3"]), "--head", str(head),
+                        "--cap", "4", "--tree-nodes", "3,9", "--prompts", "code", "--limit", "2", "--max-new-tokens", "16",
+                        "--no-lookup-arm", "--out", str(tmp_path / "o.json")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "o.json").read_text())["rows"]
+    assert sorted({x["arm"] for x in rows}) == ["dspark", "dspark-tree3", "dspark-tree9"]
+    assert all(x["identical"] for x in rows) and "6/6 identical" in r.stdout
+
+
+def test_the_device_script_evaluates_then_sweeps_each_model(tmp_path):
+    """benchmarks/h200_trees.sh with python3 stubbed: per model the evaluation (chain and trees,
+    cap 7, 8 prompts a set) then the sweep (tree arms beside the chain's), into OUT/NAME."""
+    import os
+    import subprocess
+
+    from scripts import BENCHMARKS
+
+    bin_dir, heads, out = tmp_path / "bin", tmp_path / "heads", tmp_path / "out"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n')
+    (bin_dir / "python3").chmod(0o755)
+    for name in ("qwen15", "qwen05"):
+        (heads / name).mkdir(parents=True)
+        (heads / name / "config.json").write_text("{}")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"), "HEADS": str(heads),
+           "OUT": str(out), "TREES": "16,32"}
+    r = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen15", "qwen05"], env=env, capture_output=True, text=True,
+                       cwd=BENCHMARKS.parent)
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == 4 and "lossless_check.py" in calls[0] and "-m dspark_lab sweep" in calls[1]
+    assert f"--head {heads}/qwen15 " in calls[0] and "--tree-nodes 16,32" in calls[0] and "--cap 7" in calls[0]
+    assert "--modes dspark,dspark-pipe,dspark-tree" in calls[1] and "--tree-nodes 16 " in calls[1] and f"{out}/qwen15/sweep.json" in calls[1]
+    assert "qwen2.5-coder-0.5b" in calls[2] and (out / "qwen05").is_dir()
+    bad = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen7"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown model qwen7" in bad.stdout
+    env["HEADS"] = str(tmp_path / "none")
+    missing = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen15"], env=env, capture_output=True, text=True)
+    assert missing.returncode == 2 and "no head at" in missing.stdout

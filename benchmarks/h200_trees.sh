@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Tree drafts against the chain on the H200, side by side (issues #9, #10; docs/performance.md,
+# thirty-fourth round). Run from the checkout on the device after `source /root/ship/mlx/activate`:
+#   OUT=$OUT bash benchmarks/h200_trees.sh qwen15        (then qwen05 in a second call: each fits 600 s)
+# Per model (/root/ship/NAME/..., as prepare_device_session.sh ships it) with its committed head
+# (HEADS/NAME, default /root/ship/data/heads/NAME: the slim checkout leaves fixtures/ out):
+#  1. lossless_check.py: greedy beside the head's chain and its trees of TREES nodes (default 8,16,32),
+#     at most cap 7 deep, on the 8 built-in prompts of each set, 128 tokens, after a warm-up, in one
+#     process: token identity, mean accept length, and each arm's decode rate over greedy's
+#     -> OUT/NAME/eval_trees.{json,log};
+#  2. SWEEP=1 (default): the lab's sweep, baseline beside dspark, dspark-pipe (compiled draft) and
+#     dspark-tree (TREE_SWEEP nodes, default 16) at CAPS (default 7), SWEEP_PROMPTS (default 4)
+#     prompts a set, 2 trials -> OUT/NAME/sweep.json, for `dspark-lab ingest` here.
+# Heads unquantized (--drafter-bits 16), as every device evaluation of them.
+set -u
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+out=${OUT:?set OUT, e.g. to the device call \$OUT}
+[ $# -gt 0 ] || { echo "usage: OUT=DIR bash benchmarks/h200_trees.sh qwen15|qwen05 ..."; exit 2; }
+for name in "$@"; do
+  case $name in
+    qwen05) model=/root/ship/qwen05/qwen2.5-coder-0.5b-q4-bfloat16 ;;
+    qwen15) model=/root/ship/qwen15/qwen2.5-coder-1.5b-q4-bfloat16 ;;
+    *) echo "unknown model $name (qwen05, qwen15)"; exit 2 ;;
+  esac
+  head=${HEADS:-/root/ship/data/heads}/$name
+  [ -f "$head/config.json" ] || { echo "no head at $head (prepare_device_session.sh trees ships them as data/heads/NAME)"; exit 2; }
+  run=$out/$name
+  mkdir -p "$run"
+  python3 benchmarks/lossless_check.py --model "$model" --head "$head" --drafter-bits 16 --prompts code,math,chat --limit 8 \
+    --max-new-tokens 128 --cap 7 --no-lookup-arm --tree-nodes "${TREES:-8,16,32}" --out "$run/eval_trees.json" \
+    > "$run/eval_trees.log" 2>&1
+  echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept length\|speedup\|identical;" "$run/eval_trees.log"
+  if [ "${SWEEP:-1}" = 1 ]; then
+    python3 -m dspark_lab sweep -m "$model" -d "$head" --drafter-bits 16 --modes dspark,dspark-pipe,dspark-tree --compile-draft \
+      --tree-nodes "${TREE_SWEEP:-16}" --caps "${CAPS:-7}" --prompts code,math,chat --prompt-limit "${SWEEP_PROMPTS:-4}" --trials 2 \
+      -n 128 --db "$run/sweep.duckdb" --json "$run/sweep.json" > "$run/sweep.log" 2>&1
+    echo "$name sweep rc=$? at ${SECONDS}s"; tail -3 "$run/sweep.log"
+  fi
+done
