@@ -8,7 +8,8 @@ top two logits were there.
 
 The head drafts on its own unless --lookup-drafts (then a long n-gram match is verified instead),
 so its mean accept length is the head's. `--tree-nodes 8,16` adds an arm per size with the same head
-drafting trees (mode dspark-tree, at most --cap deep), beside the chain on the same prompts. Per set it also prints, for each draft position, the share
+drafting trees (mode dspark-tree, at most --cap deep; with --lookup-drafts a match's continuation
+joins each tree as one more path), beside the chain on the same prompts. Per set it also prints, for each draft position, the share
 of the rounds that drafted it which accepted it (and every draft before it); the --out JSON keeps
 each prompt's per-round accept and draft lengths.
 """
@@ -68,7 +69,8 @@ def main() -> None:
     greedy_generate(target, tok, first, max_new_tokens=32)  # warm-up (kernel compiles)
     lookup_generate(target, tok, first, max_new_tokens=32)
     for n in trees:  # the tree forward's first widths compile too
-        speculative_generate(target, tok, head, first, max_new_tokens=32, max_draft_tokens=args.cap, tree_nodes=n)
+        speculative_generate(target, tok, head, first, max_new_tokens=32, max_draft_tokens=args.cap, tree_nodes=n,
+                             lookup_drafts=args.lookup_drafts)
     rows = []
     for p in prompts:
         ids = encode_prompt(tok, p.as_input())
@@ -79,7 +81,7 @@ def main() -> None:
                                                    lookup_drafts=args.lookup_drafts)
         for n in trees:
             arms[f"dspark-tree{n}"] = speculative_generate(target, tok, head, ids, max_new_tokens=args.max_new_tokens,
-                                                           max_draft_tokens=args.cap, tree_nodes=n)
+                                                           max_draft_tokens=args.cap, tree_nodes=n, lookup_drafts=args.lookup_drafts)
         for name, r in arms.items():
             div = first_divergence(target, ids, base.token_ids, r.token_ids)
             rows.append({"prompt": p.id, "set": p.domain, "arm": name, "context": len(ids) + base.num_tokens, "identical": div is None,

@@ -87,8 +87,12 @@ class OracleSource:
     def start(self, prompt_ids, prompt_taps):
         self.history = list(prompt_ids)
 
+    def extra_paths(self, depth):
+        return []
+
     def candidates(self, pending, depth, k):
-        ctx = self.history + [pending]
+        ctx = list(self.history)  # the pending token is the last committed one
+        assert ctx[-1] == pending
         logits = self.target.forward(mx.array(ctx, dtype=mx.uint32), self.target.make_cache()).logits
         tops = []
         for _ in range(depth):
@@ -134,9 +138,35 @@ def test_tree_generation_with_a_real_head(qwen3, greedy_refs, tiny_dirs, tmp_pat
     target, tok = qwen3
     drafter = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0), target)
     for p in PROMPTS[:6]:
-        r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, tree_nodes=12)
+        r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, tree_nodes=12, lookup_drafts=False)
         assert r.token_ids == greedy_refs[p]
         assert max(r.draft_lengths) == 12
+
+
+def test_lookup_paths_join_the_tree(qwen3, greedy_refs, tiny_dirs, tmp_path):
+    """With lookup drafts (the default), a long n-gram match's continuation is grafted onto the
+    random head's tree: on repetitive prompts it carries most of what is accepted, losslessly."""
+    target, tok = qwen3
+    drafter = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0), target)
+    with_lookup = without = 0
+    for p in REPETITIVE:
+        on = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, tree_nodes=6)
+        off = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, tree_nodes=6, lookup_drafts=False)
+        assert on.token_ids == off.token_ids == greedy_refs[p], p
+        assert max(off.draft_lengths) <= 6 and max(on.draft_lengths) <= 6 + 4
+        with_lookup += on.num_tokens / on.num_rounds
+        without += off.num_tokens / off.num_rounds
+    assert with_lookup > without
+
+
+def test_graft_shares_the_nodes_it_agrees_with():
+    lay = TreeLayout.from_paths([(0,), (1,), (0, 0)])  # root 9; children 5, 6; 5's child 7
+    tokens = [9, 5, 6, 7]
+    lay.graft(tokens, [5, 8, 4])
+    assert tokens == [9, 5, 6, 7, 8, 4] and lay.parent == [-1, 0, 0, 1, 1, 4] and lay.depth[-2:] == [2, 3]
+    lay.graft(tokens, [5, 7])  # wholly in the tree already
+    assert len(lay) == 6
+    assert lay.ancestors()[5].tolist() == [True, True, False, False, True, True]
 
 
 def test_tree_sampling_is_exact(qwen3):

@@ -103,8 +103,9 @@ def speculative_generate(
     faster on a GPU). `lookup_kernel=True` runs that device-side lookup as one custom CUDA kernel
     (engine/kernels.py; lab/kernel_probe.py says whether it is exact and faster here).
     `tree_nodes=N` (DSpark heads without a Markov term): each round verifies a tree of the head's
-    N likeliest drafts, at most `max_draft_tokens` deep, instead of one chain (engine/tree.py);
-    not with pipeline, lookup drafts or confidence truncation."""
+    N likeliest drafts, at most `max_draft_tokens` deep, instead of one chain (engine/tree.py),
+    with a long n-gram match's continuation grafted on as one more path unless lookup_drafts is
+    False; not with pipeline or confidence truncation."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     limit = drafter.config.max_drafts
     if cap_controller is None and not 1 <= max_draft_tokens <= limit:
@@ -122,14 +123,16 @@ def speculative_generate(
 
         if tree_nodes < 0:
             raise InputError(f"tree_nodes must be >= 0 (0: one chain of drafts a round), got {tree_nodes}.")
-        clash = [name for name, on in (("pipeline", pipeline), ("lookup_drafts", lookup_drafts),
-                                       ("confidence_threshold", confidence_threshold > 0)) if on]
+        clash = [name for name, on in (("pipeline", pipeline), ("confidence_threshold", confidence_threshold > 0)) if on]
         if clash:
-            raise InputError(f"tree_nodes cannot be combined with {', '.join(clash)}: a tree round drafts from the head "
-                             "alone and reads its candidates on the host. Drop one of them.")
+            raise InputError(f"tree_nodes cannot be combined with {', '.join(clash)}: a tree round reads the head's candidates "
+                             "on the host and keeps them all. Drop one of them.")
         check_tree(target, drafter)
-        return tree_loop(target, prompt_ids, params, HeadTreeSource(drafter), nodes=tree_nodes, max_new_tokens=max_new_tokens, cap=cap,
-                         stream=TextStream(tokenizer, stop, on_text), on_round=on_round)
+        lookup = None
+        if lookup_drafts is not False:  # the match's continuation joins the tree as one more path
+            lookup = LookupConfig(min_n=LOOKUP_MIN_MATCH, max_n=LOOKUP_MAX_MATCH, max_draft=drafter.config.max_drafts)
+        return tree_loop(target, prompt_ids, params, HeadTreeSource(drafter, lookup), nodes=tree_nodes,
+                         max_new_tokens=max_new_tokens, cap=cap, stream=TextStream(tokenizer, stop, on_text), on_round=on_round)
     if pipeline:
         check_pipeline(target, drafter, confidence_threshold=confidence_threshold)
         from .pipeline import pipelined_loop

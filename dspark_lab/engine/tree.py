@@ -35,6 +35,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import InputError
+from .drafters.lookup import LookupConfig, NgramIndex
 from .generate import GenResult, _Clock
 from .sampling import SamplingParams, pick_token, target_probs
 from .target import Target
@@ -92,6 +93,24 @@ class TreeLayout:
 
     def __len__(self) -> int:
         return len(self.parent)
+
+    def graft(self, tokens: list[int], path: list[int]) -> None:
+        """Add a token path below the root (an n-gram lookup's continuation), sharing the nodes it
+        agrees with: `tokens` holds each node's token and grows with the new nodes, which come after
+        every existing one (so a parent still precedes its children) with rank -1 (tried first)."""
+        kids = self.children()
+        node = 0
+        for tok in path:
+            step = next((c for c in kids[node] if tokens[c] == tok), None)
+            if step is None:
+                step = len(self.parent)
+                self.parent.append(node)
+                self.depth.append(self.depth[node] + 1)
+                self.rank.append(-1)
+                tokens.append(tok)
+                kids.append([])
+                kids[node].append(step)
+            node = step
 
     def children(self) -> list[list[int]]:
         """Each node's children, best candidate first."""
@@ -152,26 +171,40 @@ def check_tree(target: Target, drafter) -> None:
 
 
 class HeadTreeSource:
-    """Where a tree round's candidates come from: a DSpark head's top-k per position. Fed every
-    committed row's taps, as the chain's HeadSource feeds it (engine/speculative.py)."""
+    """Where a tree round's candidates come from: a DSpark head's top-k per position, and with
+    `lookup` an n-gram match's continuation over prompt and output, grafted onto the tree as one
+    more path (engine/speculative.HeadSource verifies such a match instead of the head's chain;
+    a tree can hold both). Fed every committed row's taps, as HeadSource feeds them."""
 
-    def __init__(self, drafter):
-        self.drafter = drafter
+    def __init__(self, drafter, lookup: LookupConfig | None = None):
+        self.drafter, self.lookup = drafter, lookup
         self.taps = drafter.target_layer_ids
         self.max_depth = drafter.config.max_drafts
+        self.index: NgramIndex | None = None
 
     def start(self, prompt_ids: list[int], prompt_taps: dict[int, mx.array]) -> None:
         self.drafter.reset()
         self.drafter.append_context(prompt_taps)
+        if self.lookup is not None:
+            self.index = NgramIndex(prompt_ids, self.lookup)
 
     def candidates(self, pending: int, depth: int, k: int) -> tuple[mx.array, mx.array]:
-        """(depth, k) candidate ids and their log-probabilities, best first per position."""
+        """(depth, k) candidate ids and their log-probabilities, best first per position (lazy)."""
         return self.drafter.draft_top(pending, depth, k)
 
+    def extra_paths(self, depth: int) -> list[list[int]]:
+        """Token paths to graft onto the round's tree: the lookup's continuation, if it has one."""
+        hit = self.index.propose(depth) if self.index is not None else []
+        return [hit] if hit else []
+
     def commit(self, tokens: list[int], taps: dict[int, mx.array]) -> None:
-        """The round kept `tokens` (the pending token and the accepted drafts, not the round's own
-        new token); `taps` are the target's rows for them."""
-        self.drafter.append_context(taps)
+        """The round committed `tokens` (the accepted drafts and the target's own next token, as
+        DraftSource.commit); `taps` are the target's rows for the positions that entered its cache
+        (the pending token and the accepted drafts)."""
+        if self.index is not None:
+            self.index.extend(tokens)
+        if taps:
+            self.drafter.append_context(taps)
 
 
 def tree_loop(
@@ -187,8 +220,8 @@ def tree_loop(
     on_round: Callable[[int, int, float], None] | None = None,
 ) -> GenResult:
     """The verify loop with tree drafts of up to `nodes` nodes below the pending token, at most
-    `cap` deep. A round reads the host twice: the head's top-k log-probabilities (to choose the
-    tree) and the verdict."""
+    `cap` deep (plus the source's extra paths). A round reads the host twice: the head's top-k
+    candidates (to choose the tree) and the verdict."""
     clock = _Clock()
     cache = target.make_cache()
     taps = source.taps
@@ -198,25 +231,27 @@ def tree_loop(
     clock.first_token()
     forwards, host_reads, accepts, drafted = 1, 1, [], []
     done = stream.add([pending])
+    source.commit([pending], {})
     produced = 1
     while not done and produced < max_new_tokens:
         t0 = time.perf_counter()
         want = cap() if callable(cap) else cap
         depth = max(0, min(want, max_new_tokens - produced - 1, source.max_depth))
+        layout, tokens = TreeLayout([-1], [0], [0]), [pending]
         if depth:
             top, logp = source.candidates(pending, depth, TREE_TOP_K)
-            layout = TreeLayout.from_paths(best_paths(np.array(logp), nodes))
+            mx.eval(top, logp)  # the round's first host read: which tree to verify
+            top, logp = np.array(top), np.array(logp)
             host_reads += 1
-            picks = top[mx.array([d - 1 for d in layout.depth[1:]]), mx.array(layout.rank[1:])]
-            ids = mx.concatenate([mx.array([pending], dtype=mx.uint32), picks.astype(mx.uint32)])
-        else:
-            layout, ids = TreeLayout([-1], [0], [0]), mx.array([pending], dtype=mx.uint32)
+            layout = TreeLayout.from_paths(best_paths(logp, nodes))
+            tokens += [int(top[d - 1, r]) for d, r in zip(layout.depth[1:], layout.rank[1:])]
+            for extra in source.extra_paths(depth):
+                layout.graft(tokens, extra)
+        ids = mx.array(tokens, dtype=mx.uint32)
         out = target.forward_tree(ids, layout.depth, layout.ancestors(), cache, taps=taps)
         if params.greedy:
-            best = mx.argmax(out.logits, axis=-1).astype(mx.uint32)
-            read = mx.concatenate([ids, best]).tolist()  # the round's verdict read
-            tokens = read[: len(layout)]
-            path, nxt = walk_greedy(layout, tokens, read[len(layout):])
+            best = mx.argmax(out.logits, axis=-1).tolist()  # the round's verdict read
+            path, nxt = walk_greedy(layout, tokens, best)
         else:
             p = target_probs(out.logits, params)  # (n, vocab)
             parent = mx.array([0] + layout.parent[1:])
@@ -229,15 +264,14 @@ def tree_loop(
             rest = mx.where(mass > 0, rest / mx.maximum(mass, 1e-30), p)
             residual = mx.random.categorical(mx.log(rest), axis=-1)
             uniform = mx.random.uniform(shape=(len(layout),))
-            tokens, cp, un, res = ids.tolist(), child_p.tolist(), uniform.tolist(), residual.tolist()
+            cp, un, res = child_p.tolist(), uniform.tolist(), residual.tolist()
             path, nxt = walk_sampled(layout, cp, un, res)
         host_reads += 1
         forwards += 1
         target.keep_tree_path(cache, path, len(layout))
-        kept = [tokens[i] for i in path[1:]]
+        new = [tokens[i] for i in path[1:]] + [nxt]
         rows = mx.array(path)
-        source.commit([tokens[i] for i in path], {t: r[rows] for t, r in out.taps.items()})
-        new = kept + [nxt]
+        source.commit(new, {t: r[rows] for t, r in out.taps.items()})
         accepts.append(len(new))
         drafted.append(len(layout) - 1)
         produced += len(new)
