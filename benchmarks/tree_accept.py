@@ -5,7 +5,7 @@ candidates at every draft position, teacher-forced on rows the target wrote gree
         [--rows 0] [--answer-tokens N] [--cap 7] [--top 8] [--dtype float32 --dequantize --drafter-bits 16]
     python benchmarks/tree_accept.py trees RANKS.npz [--shape-from OTHER.npz] [--budgets 7,16,32,64] [--json OUT]
     python benchmarks/tree_accept.py decode --model MODEL --head HEAD --data ROWS --nodes 16 [--ranks RANKS.npz] \
-        [--limit N] [--cap 7] [--dtype float32 --dequantize --drafter-bits 16] [--json OUT]
+        [--lookup-drafts] [--limit N] [--cap 7] [--dtype float32 --dequantize --drafter-bits 16] [--json OUT]
 
 A DSpark head without a Markov term (markov_rank 0) drafts its block's positions independently
 of one another: position j's distribution does not depend on the tokens drafted before it. So a
@@ -214,11 +214,11 @@ def decode(a) -> dict:
     for n, row in enumerate(rows):
         prompt, want = row["ids"][: row["prompt_len"]], row["ids"][row["prompt_len"] :]
         r = speculative_generate(target, tok, drafter, prompt, max_new_tokens=len(want), max_draft_tokens=a.cap,
-                                 tree_nodes=a.nodes, lookup_drafts=False)
+                                 tree_nodes=a.nodes, lookup_drafts=a.lookup_drafts)
         rounds = [x - 1 for x in r.accept_lengths]
         entry = {"prompt_id": row.get("prompt_id"), "set": row.get("set", ""), "same_tokens": r.token_ids == want[: len(r.token_ids)],
                  "tokens": r.num_tokens, "rounds": rounds, "mean_accept": r.mean_accept_len}
-        if tf is not None:
+        if tf is not None and a.nodes and not a.lookup_drafts:  # (the teacher-forced count is the head's tree alone)
             sel = tf["row"] == n
             order = np.argsort(tf["offset"][sel])
             offs, logp, rank = tf["offset"][sel][order], tf["logp"][sel][order], tf["rank"][sel][order]
@@ -233,10 +233,10 @@ def decode(a) -> dict:
         s[1] += len(r.accept_lengths)
         print(f"{entry['prompt_id']}: {len(rounds)} rounds, mean accept {r.mean_accept_len:.3f}, "
               f"{'the greedy tokens' if entry['same_tokens'] else 'NOT the greedy tokens'}"
-              + ("" if tf is None else f", teacher-forced {'equal' if entry['equal'] else 'parted'}"), flush=True)
+              + ("" if "equal" not in entry else f", teacher-forced {'equal' if entry['equal'] else 'parted'}"), flush=True)
     means = {k: v[0] / v[1] for k, v in by_set.items()}
     print("mean accept by set (over rounds): " + ", ".join(f"{k} {v:.3f}" for k, v in means.items()))
-    result = {"model": a.model, "head": a.head, "nodes": a.nodes, "cap": a.cap, "dtype": a.dtype, "rows": out, "by_set": means}
+    result = {"model": a.model, "head": a.head, "nodes": a.nodes, "lookup_drafts": a.lookup_drafts, "cap": a.cap, "dtype": a.dtype, "rows": out, "by_set": means}
     if a.json:
         a.json.write_text(json.dumps(result, indent=2))
     return result
@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--model", required=True)
     d.add_argument("--head", required=True)
     d.add_argument("--data", type=Path, required=True)
-    d.add_argument("--nodes", type=int, default=16)
+    d.add_argument("--nodes", type=int, default=16, help="the tree's size (0: the chain, for a side-by-side count)")
+    d.add_argument("--lookup-drafts", action="store_true", help="graft a long n-gram match's continuation onto each tree (the chain: verify it instead)")
     d.add_argument("--ranks", type=Path, help="measure's file of the same rows: compare each round with it")
     d.add_argument("--limit", type=int, default=0)
     d.add_argument("--cap", type=int, default=7)

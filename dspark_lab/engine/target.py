@@ -202,6 +202,7 @@ class Target:
         self.probed = False
         self._offset_checked: float | None = None  # check_offset_forward's result, once per model
         self._tree_checked: float | None = None  # check_tree_forward's result, once per model
+        self._tree_ropes: list = []  # the rope modules forward_tree rotates per row (installed at its first call)
         self.trims_only = True  # set by make_cache
         self._compiled = False  # Target.compiled
         # forward_at: compiled for decode widths (measured faster in the pipelined loop), plain beyond.
@@ -423,7 +424,7 @@ class Target:
 
     def forward_tree(self, ids: mx.array, depth: Sequence[int], ancestors: np.ndarray, cache: list, *,
                      taps: Sequence[int] = ()) -> ForwardOut:
-        """Feed a draft tree's rows `ids` (1-D, breadth-first, row 0 its root) after the cache:
+        """Feed a draft tree's rows `ids` (1-D, row 0 its root, every row after its parent) after the cache:
         row i sits at position cache_len + depth[i] and attends to the cache and to the rows j with
         ancestors[i, j] (its ancestors and itself). Returns logits and taps for every row; the
         cache then holds all the rows (keep_tree_path keeps one path of them). Plain bucketed KV
@@ -434,9 +435,11 @@ class Target:
         if not can_compile(cache):
             raise InputError(f"tree drafts need plain KV caches; model_type {self.model_type!r} keeps recurrent, rotating or "
                              "quantized cache state (or kv_bits is set). Leave tree_nodes at 0 for it.")
-        for rope in self._rope_modules():
-            if type(rope) not in _TREE_ROPE_CLASSES.values():
-                rope.__class__ = _tree_rope_class(type(rope))
+        if not self._tree_ropes:  # once per model: each layer's rope rotates tree rows at their depths
+            self._tree_ropes = self._rope_modules()
+            for rope in self._tree_ropes:
+                if type(rope) not in _TREE_ROPE_CLASSES.values():
+                    rope.__class__ = _tree_rope_class(type(rope))
                 rope._dspark_recorder = self._recorder
         start = cache[0].offset
         visible = np.zeros((n, bucketed(start + n)), dtype=bool)

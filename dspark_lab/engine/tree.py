@@ -8,7 +8,8 @@ per-position probabilities, best first: EAGLE-2's rule, with no shape fitted to 
 them out as a tree below the pending token, and verifies the whole tree in one target forward:
 each node attends to the cache and to its own ancestors only, at the position of its depth
 (Target.forward_tree). The longest path the target agrees with is kept, its rows moved into
-place in the KV cache, the rest dropped.
+place in the KV cache, the rest dropped. A long n-gram match's continuation (lookup drafts) joins
+the tree as one more path, sharing the nodes it agrees with.
 
 Lossless either way:
 - greedy: from the root, step to the child whose token is the target's argmax at the current
@@ -16,7 +17,7 @@ Lossless either way:
   kept token is the target's greedy token after the kept tokens before it.
 - temperature > 0: the candidates are fixed before the target is read (point masses), so at a
   node with target distribution p the children are tried in turn: child c is accepted with
-  probability r(c) / 1, where r is p with the children tried before removed and renormalized;
+  probability r(c), where r is p with the children tried before removed and renormalized;
   when none is accepted the round's token is drawn from the last r. The token leaving each node
   is then distributed exactly as p (tests/test_tree.py checks the distribution).
 
