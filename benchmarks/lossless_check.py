@@ -4,7 +4,7 @@ top two logits were there.
 
     python benchmarks/lossless_check.py --model DIR [--head DIR --mode dspark|dflash --cap 4 [--lookup-drafts]]
         [--tree-nodes 8,16] [--prompts copy,code] [--limit 6] [--only code-005,...] [--max-new-tokens 512] [--no-lookup-arm]
-        [--dtype float32]
+        [--dtype float32 [--dequantize]]
 
 The head drafts on its own unless --lookup-drafts (then a long n-gram match is verified instead),
 so its mean accept length is the head's. `--tree-nodes 8,16` adds an arm per size with the same head
@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--only", help="comma-separated prompt ids: just these (e.g. one that parted from greedy on the GPU)")
     ap.add_argument("--dtype", help="load the target in this dtype (float32: where a bf16 run parted at a near-tie, is it rounding?)")
+    ap.add_argument("--dequantize", action="store_true", help="a quantized target's layers as float matrices (with --dtype float32: the CPU's fast path)")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--cap", type=int, default=4)
     ap.add_argument("--lookup-drafts", action="store_true")
@@ -52,7 +53,7 @@ def main() -> None:
     trees = [int(n) for n in args.tree_nodes.split(",") if n.strip()]
     if trees and not args.head:
         raise SystemExit("--tree-nodes needs --head (a DSpark head without a Markov term)")
-    target, tok = load_target(args.model, dtype=args.dtype)
+    target, tok = load_target(args.model, dtype=args.dtype, dequantize=args.dequantize)
     head = None
     if args.head:
         from dspark_lab.engine.drafters.load import load_dflash, load_dspark

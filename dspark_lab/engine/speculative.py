@@ -128,10 +128,8 @@ def speculative_generate(
             raise InputError(f"tree_nodes cannot be combined with {', '.join(clash)}: a tree round reads the head's candidates "
                              "on the host and keeps them all. Drop one of them.")
         check_tree(target, drafter)
-        lookup = None
-        if lookup_drafts is not False:  # the match's continuation joins the tree as one more path
-            lookup = LookupConfig(min_n=LOOKUP_MIN_MATCH, max_n=LOOKUP_MAX_MATCH, max_draft=drafter.config.max_drafts)
-        return tree_loop(target, prompt_ids, params, HeadTreeSource(drafter, lookup), nodes=tree_nodes,
+        source = HeadTreeSource(drafter, lookup=lookup_drafts is not False)  # a match's continuation joins the tree
+        return tree_loop(target, prompt_ids, params, source, nodes=tree_nodes,
                          max_new_tokens=max_new_tokens, cap=cap, stream=TextStream(tokenizer, stop, on_text), on_round=on_round)
     if pipeline:
         check_pipeline(target, drafter, confidence_threshold=confidence_threshold)

@@ -162,6 +162,13 @@ def _snapshot(obj):
     return obj
 
 
+def _relative_difference(got: mx.array, ref: mx.array) -> float:
+    """The largest logit difference over the reference's logit scale (at least 1): what the
+    load-time checks hold to PROBE_RTOL (NaN where either has one, which fails the check)."""
+    got, ref = got.astype(mx.float32), ref.astype(mx.float32)
+    return (mx.abs(got - ref).max() / mx.maximum(mx.abs(ref).max(), 1.0)).item()
+
+
 @dataclass
 class ForwardOut:
     """Logits for the rows asked for, shape (rows, vocab); taps: layer id -> (rows, hidden)."""
@@ -381,9 +388,7 @@ class Target:
         self.trim(cache, 4)  # ...left behind as a rejected draft leaves them
         first = self.forward_at(ids[8:10], cache, mx.array(8, dtype=mx.int32), capacity=10).logits
         second = self.forward_at(ids[10:], cache, mx.array(10, dtype=mx.int32), capacity=12).logits
-        got = mx.concatenate([first, second]).astype(mx.float32)
-        ref = ref.astype(mx.float32)
-        err = (mx.abs(got - ref).max() / mx.maximum(mx.abs(ref).max(), 1.0)).item()
+        err = _relative_difference(mx.concatenate([first, second]), ref)
         if not err <= PROBE_RTOL:
             raise LoadError(f"the offset-addressed forward does not reproduce model_type {self.model_type!r} "
                             f"(relative difference {err:.2e}, limit {PROBE_RTOL:.0e}); this family cannot run mode dspark-pipe. Use mode dspark.")
@@ -496,9 +501,8 @@ class Target:
         ref_rb = self.forward(mx.array(prefix + [r, b], dtype=mx.uint32), self.make_cache()).logits
         ref_d = self.forward(mx.array(prefix + [r, b, d], dtype=mx.uint32), self.make_cache()).logits
         ref_e = self.forward(mx.array(prefix + [r, b, e], dtype=mx.uint32), self.make_cache()).logits
-        want = mx.stack([ref_rac[8], ref_rac[9], ref_rb[9], ref_rac[10], ref_d[10], ref_e[10], ref_rac[11]]).astype(mx.float32)
-        have = mx.concatenate([got, after]).astype(mx.float32)
-        err = (mx.abs(have - want).max() / mx.maximum(mx.abs(want).max(), 1.0)).item()
+        want = mx.stack([ref_rac[8], ref_rac[9], ref_rb[9], ref_rac[10], ref_d[10], ref_e[10], ref_rac[11]])
+        err = _relative_difference(mx.concatenate([got, after]), want)
         if not err <= PROBE_RTOL:
             raise LoadError(f"the tree forward does not reproduce model_type {self.model_type!r} (relative difference "
                             f"{err:.2e}, limit {PROBE_RTOL:.0e}). Leave tree_nodes at 0 for this model.")

@@ -36,9 +36,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import InputError
-from .drafters.lookup import LookupConfig, NgramIndex
 from .generate import GenResult, _Clock
 from .sampling import SamplingParams, pick_token, target_probs
+from .speculative import HeadSource
 from .target import Target
 from .text import TextStream
 
@@ -171,23 +171,15 @@ def check_tree(target: Target, drafter) -> None:
     target.check_tree_forward()
 
 
-class HeadTreeSource:
+class HeadTreeSource(HeadSource):
     """Where a tree round's candidates come from: a DSpark head's top-k per position, and with
     `lookup` an n-gram match's continuation over prompt and output, grafted onto the tree as one
-    more path (engine/speculative.HeadSource verifies such a match instead of the head's chain;
-    a tree can hold both). Fed every committed row's taps, as HeadSource feeds them."""
+    more path (the chain's HeadSource verifies such a match instead of the head's drafts; a tree
+    holds both). Started and fed every committed row's taps as HeadSource is."""
 
-    def __init__(self, drafter, lookup: LookupConfig | None = None):
-        self.drafter, self.lookup = drafter, lookup
-        self.taps = drafter.target_layer_ids
+    def __init__(self, drafter, *, lookup: bool = True):
+        super().__init__(drafter, lookup=lookup)
         self.max_depth = drafter.config.max_drafts
-        self.index: NgramIndex | None = None
-
-    def start(self, prompt_ids: list[int], prompt_taps: dict[int, mx.array]) -> None:
-        self.drafter.reset()
-        self.drafter.append_context(prompt_taps)
-        if self.lookup is not None:
-            self.index = NgramIndex(prompt_ids, self.lookup)
 
     def candidates(self, pending: int, depth: int, k: int) -> tuple[mx.array, mx.array]:
         """(depth, k) candidate ids and their log-probabilities, best first per position (lazy)."""
@@ -197,15 +189,6 @@ class HeadTreeSource:
         """Token paths to graft onto the round's tree: the lookup's continuation, if it has one."""
         hit = self.index.propose(depth) if self.index is not None else []
         return [hit] if hit else []
-
-    def commit(self, tokens: list[int], taps: dict[int, mx.array]) -> None:
-        """The round committed `tokens` (the accepted drafts and the target's own next token, as
-        DraftSource.commit); `taps` are the target's rows for the positions that entered its cache
-        (the pending token and the accepted drafts)."""
-        if self.index is not None:
-            self.index.extend(tokens)
-        if taps:
-            self.drafter.append_context(taps)
 
 
 def tree_loop(
