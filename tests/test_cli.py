@@ -324,3 +324,16 @@ def test_benchmark_runs_a_dspark_head_in_its_own_modes_only(tiny_dirs, tmp_path)
     assert r.exit_code == 0, r.output
     assert "skipping" not in r.output and "dflash" not in r.output
     assert "dspark-pipe" in r.output and "dspark " in r.output
+
+
+def test_benchmark_adds_tree_arms_when_asked(tiny_dirs, tmp_path):
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0)
+    args = ["benchmark", "-m", str(tiny_dirs["qwen3"]), "--caps", "2", "--trials", "1", "--prompts", "code", "--prompt-limit", "1",
+            "-n", "4", "--no-mlx-lm", "--tree-nodes", "5"]
+    r = runner.invoke(app, args + ["-d", str(head), "--db", str(tmp_path / "b.duckdb")])
+    assert r.exit_code == 0, r.output
+    assert "dspark-tree" in r.output and "dspark-pipe" in r.output
+    r = runner.invoke(app, args + ["--db", str(tmp_path / "c.duckdb")])
+    assert r.exit_code != 0 and "--tree-nodes needs a DSpark head" in r.output
