@@ -3,7 +3,7 @@ candidates at every draft position, teacher-forced on rows the target wrote gree
 
     python benchmarks/tree_accept.py measure --model MODEL --head HEAD --data ROWS.jsonl(.gz) --out RANKS.npz \
         [--rows 0] [--answer-tokens N] [--cap 7] [--top 8] [--dtype float32 --dequantize --drafter-bits 16]
-    python benchmarks/tree_accept.py trees RANKS.npz [--shape-from OTHER.npz] [--budgets 7,16,32,64] [--json OUT]
+    python benchmarks/tree_accept.py trees RANKS.npz [--shape-from OTHER.npz] [--budgets 7,16,32,64] [--json OUT] [--chart PNG]
     python benchmarks/tree_accept.py decode --model MODEL --head HEAD --data ROWS --nodes 16 [--ranks RANKS.npz] \
         [--lookup-drafts] [--limit N] [--cap 7] [--dtype float32 --dequantize --drafter-bits 16] [--json OUT]
 
@@ -194,7 +194,36 @@ def trees(a) -> dict:
     if a.json:
         a.json.write_text(json.dumps({"ranks": str(a.ranks), "shape_from": str(a.shape_from) if a.shape_from else None,
                                       "anchors": int(len(rank)), "results": results}, indent=2))
+    if a.chart:
+        from dspark_lab.reports.charts import save_chart
+
+        save_chart(chart(results, a.title or f"{a.ranks.stem}: accept length against tree size (dashed: issue #9's goals)"), a.chart)
+        print(f"chart -> {a.chart}")
     return results
+
+
+GOALS = {"code": 3.0, "math": 3.0, "chat": 2.0}  # issue #9, the Qwen heads at cap 7
+
+
+def chart(results: dict, title: str):
+    """Accept length on the decode's path against drafts per round, a line per prompt set and tree
+    kind (the chain at 1 draft per position: its cap's worth of nodes, drawn at x = 7 or the cap)."""
+    import altair as alt
+
+    rows = []
+    for name, entry in results.items():
+        kind, _, size = name.rpartition(" ")
+        nodes, kind = (int(size), kind) if size.isdigit() else (7, "chain")
+        for s, v in entry["by_set"].items():
+            rows.append({"set": s.rsplit("/", 1)[-1].removesuffix(".jsonl.gz"), "tree": kind, "nodes": nodes, "accept": round(v["path"], 3)})
+    lines = alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
+        x=alt.X("nodes:Q", scale=alt.Scale(type="log", base=2), title="drafts verified a round (log scale)"),
+        y=alt.Y("accept:Q", title="mean accept length, decode's path", scale=alt.Scale(zero=False)),
+        color=alt.Color("set:N", title="prompt set"), strokeDash=alt.StrokeDash("tree:N", title="drafts"),
+        tooltip=["set:N", "tree:N", "nodes:Q", "accept:Q"])
+    goals = [{"set": s, "goal": g} for s, g in GOALS.items() if any(r["set"] == s for r in rows)]
+    rules = alt.Chart(alt.Data(values=goals)).mark_rule(strokeDash=[2, 3], color="gray").encode(y="goal:Q")
+    return alt.layer(lines, rules).properties(title=title, width=460, height=280)
 
 
 def decode(a) -> dict:
@@ -264,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--shape-from", type=Path)
     t.add_argument("--budgets", default="7,16,32,64")
     t.add_argument("--json", type=Path)
+    t.add_argument("--chart", type=Path, help="accept length against tree size per set (.png, or .html / .json)")
+    t.add_argument("--title", default="")
     d = sub.add_parser("decode", help="decode rows' prompts with tree drafts; check tokens and rounds")
     d.add_argument("--model", required=True)
     d.add_argument("--head", required=True)

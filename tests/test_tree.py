@@ -220,8 +220,12 @@ def test_tree_accept_counts_what_the_engine_decodes(qwen3, tiny_dirs, tmp_path):
                                     timeout=300)
     r = run("measure", *common, "--out", str(tmp_path / "r.npz"))
     assert r.returncode == 0, r.stderr
-    r = run("trees", str(tmp_path / "r.npz"), "--budgets", "4,8", "--json", str(tmp_path / "t.json"))
+    r = run("trees", str(tmp_path / "r.npz"), "--budgets", "4,8", "--json", str(tmp_path / "t.json"), "--chart", str(tmp_path / "c.json"))
     assert r.returncode == 0, r.stderr
+    spec = json.loads((tmp_path / "c.json").read_text())
+    points = [v for layer in spec["layer"] for v in layer["data"].get("values", [])] if "layer" in spec else []
+    points = points or [v for d in spec.get("datasets", {}).values() for v in d]
+    assert {p["tree"] for p in points if "tree" in p} == {"chain", "static tree", "dynamic tree"}
     got = json.loads((tmp_path / "t.json").read_text())["results"]
     assert set(got) == {"chain (top-1)", "static tree 4", "static tree 8", "dynamic tree 4", "dynamic tree 8"}
     assert got["dynamic tree 8"]["every_anchor"] >= got["chain (top-1)"]["every_anchor"] >= 1.0
