@@ -42,8 +42,9 @@ from .speculative import HeadSource
 from .target import Target
 from .text import TextStream
 
-# Candidates per draft position the tree may branch into (the head's top-k). A path through a
-# rank >= TREE_TOP_K is never likelier than the `nodes` best at the budgets that pay.
+# Candidates per draft position the tree may branch into (the head's top-k). On the 1.5B's
+# built-in rows 1.5% of a 16-node tree's nodes take the eighth candidate, 4.7% of a 64-node
+# tree's (docs/performance.md, thirty-fourth round): wider would add a little to large trees only.
 TREE_TOP_K = 8
 
 
@@ -71,8 +72,9 @@ def best_paths(logp: np.ndarray, nodes: int) -> list[tuple[int, ...]]:
 
 @dataclass
 class TreeLayout:
-    """A draft tree in breadth-first order; node 0 is the root (the pending token, depth 0).
-    Node i > 0 drafts candidate `rank[i]` of position `depth[i] - 1`; `parent[i] < i`."""
+    """A draft tree; node 0 is the root (the pending token, depth 0), the head's paths follow
+    breadth-first, grafted ones after them, so `parent[i] < i`. Node i > 0 drafts candidate
+    `rank[i]` of position `depth[i] - 1` (-1: a grafted token, not one of the head's)."""
 
     parent: list[int]
     depth: list[int]
