@@ -137,8 +137,8 @@ def generate(
         if mode is not Mode.baseline:
             err.print(f"[dim]--mode {mode.value} (from --{'drafter' if drafter is not None else 'draft-model'})[/]")
     if drafter is not None and mode in (Mode.baseline, Mode.lookup, Mode.draft, Mode.draft_pipe):
-        raise DsparkError(f"--drafter is only used by --mode dspark, dspark-pipe, dflash or auto (this run is --mode {mode.value}, "
-                          "which would leave the head unused); add --mode dspark (or dspark-pipe, dflash) or drop --drafter.")
+        raise DsparkError(f"--drafter is only used by --mode dspark, dspark-pipe, dspark-tree, dflash or auto (this run is --mode {mode.value}, "
+                          "which would leave the head unused); add --mode dspark (or dspark-pipe, dspark-tree, dflash) or drop --drafter.")
     if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dspark_tree, Mode.dflash) and drafter is None:
         raise DsparkError(f"--mode {mode.value} needs --drafter DIR (a head for this model); or use --mode auto or lookup.")
     draft_modes = (Mode.draft, Mode.draft_pipe)
