@@ -63,7 +63,9 @@ def measure(a) -> None:
     from dspark_lab.engine.drafters.load import load_dspark
     from dspark_lab.engine.loading import load_target
     from dspark_lab.lab.block_accept import on_path_anchors
-    from dspark_lab.engine.topk import top_k_indices
+    from dspark_lab.engine.topk import top_k_logprobs
+    from dspark_lab.engine.tree import check_tree_head
+    from dspark_lab.errors import InputError
     from dspark_lab.lab.distill import _block_forward
 
     rows = [r for r in read_jsonl(a.data) if "ids" in r and "prompt_len" in r]
@@ -75,9 +77,12 @@ def measure(a) -> None:
     target, _ = load_target(a.model, dtype=a.dtype, dequantize=a.dequantize)
     drafter = cast_head(load_dspark(a.head, target, bits=a.drafter_bits), a.dtype)
     c = drafter.config
-    if getattr(drafter.head, "markov_head", None) is not None or c.causal:
-        sys.exit("this head's positions depend on the drafts before them (a Markov term or a causal block): "
-                 "a tree of its top-k per position is not what it would draft")
+    try:
+        check_tree_head(drafter)
+    except InputError as e:
+        sys.exit(str(e))
+    if c.draft_vocab_size:
+        sys.exit("a head with a reduced draft vocabulary: not supported here")
     cap = min(a.cap, c.max_drafts)
     ranks, logps, top_ids, row_of, offsets, sets = [], [], [], [], [], []
     for n, row in enumerate(track(rows, description="rows")):
@@ -94,18 +99,14 @@ def measure(a) -> None:
             part = mx.array([anchors[i : i + 128]], dtype=mx.int32)
             h = _block_forward(drafter.head, c, drafter.embed, ctx, x, part)[0, :, c.logits_start : c.logits_start + cap]
             logits = drafter.vocab_logits(h).astype(mx.float32)  # (A, cap, V)
-            logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             want = labels[0][part[0][:, None] + mx.arange(cap)]  # (A, cap) the target's greedy tokens
-            if c.draft_vocab_size:
-                sys.exit("a head with a reduced draft vocabulary: not supported here")
             want_logit = mx.take_along_axis(logits, want[..., None].astype(mx.int32), axis=-1)
             rank = mx.minimum((logits > want_logit).sum(axis=-1), a.top)  # ties with the label count for it
-            top = top_k_indices(logits, a.top)
-            top = mx.take_along_axis(top, mx.argsort(-mx.take_along_axis(logits, top, axis=-1), axis=-1), axis=-1)  # best first
+            top, logp = top_k_logprobs(logits, a.top)  # what DSparkDrafter.draft_top gives a tree round
             mx.eval(rank, top, logp)
             ranks.append(np.array(rank, dtype=np.int8))
             top_ids.append(np.array(top, dtype=np.int32))
-            logps.append(np.array(mx.take_along_axis(logp, top, axis=-1), dtype=np.float32))
+            logps.append(np.array(logp, dtype=np.float32))
             row_of += [n] * part.shape[1]
             offsets += [an - start for an in anchors[i : i + 128]]
     np.savez_compressed(a.out, rank=np.concatenate(ranks), logp=np.concatenate(logps), top=np.concatenate(top_ids),

@@ -206,6 +206,22 @@ def cap_schedule(cap_controller, fixed: int, limit: int):
     return (lambda: min(cap_controller.cap(), limit)), cap_controller.observe
 
 
+def prefill_and_start(target: Target, prompt_ids: list[int], params: SamplingParams, source: DraftSource,
+                      stream: TextStream, clock: _Clock) -> tuple[list, int, bool]:
+    """A verify loop's start: the prompt through the target (with the source's taps) into a fresh
+    cache, the first token picked (one host read) and given to the stream and the source, which
+    is started on the prompt's rows. Returns (cache, the first token, whether the stream is done)."""
+    cache = target.make_cache()
+    prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, taps=source.taps, last_only=True)
+    first = pick_token(prefill.logits[-1], params)
+    source.start(prompt_ids, prefill.taps)
+    pending = first.item()
+    clock.first_token()
+    done = stream.add([pending])
+    source.commit([pending], {})
+    return cache, pending, done
+
+
 def speculative_loop(
     target: Target,
     prompt_ids: list[int],
@@ -226,15 +242,8 @@ def speculative_loop(
     `cap` may be a callable (a cap controller) asked before every round; `on_round(drafted,
     committed, seconds)` reports each round back to it."""
     clock = _Clock()
-    cache = target.make_cache()
-    prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, taps=source.taps, last_only=True)
-    first = pick_token(prefill.logits[-1], params)
-    source.start(prompt_ids, prefill.taps)
-    pending = first.item()
-    clock.first_token()
+    cache, pending, done = prefill_and_start(target, prompt_ids, params, source, stream, clock)
     forwards, accepts, drafted, host_reads = 1, [], [], 1
-    done = stream.add([pending])
-    source.commit([pending], {})
     produced = 1
     while not done and produced < max_new_tokens:
         t0 = time.perf_counter()

@@ -65,6 +65,13 @@ def sample_rows(probs: mx.array) -> mx.array:
     return mx.random.categorical(mx.log(probs), axis=-1)
 
 
+def renormalized(residual: mx.array, fallback: mx.array) -> mx.array:
+    """Each row of a residual (a distribution with mass taken out) scaled back to sum to 1; a row
+    with no mass left (it could not be reached) is the fallback's row instead, to stay finite."""
+    mass = residual.sum(axis=-1, keepdims=True)
+    return mx.where(mass > 0, residual / mx.maximum(mass, 1e-30), fallback)
+
+
 def pick_token(logits: mx.array, params: SamplingParams) -> mx.array:
     """Next token from one row of logits (argmax when greedy)."""
     if params.greedy:
@@ -108,10 +115,8 @@ def verify(
     accepted = (u < ratio).astype(mx.int32)
     n = mx.cumprod(accepted).sum()
     # Residual rows for every position (only row n is used when n < k); the bonus row is p[k].
-    residual = mx.maximum(p[:k] - q, 0.0)
-    mass = residual.sum(axis=-1, keepdims=True)
     # Where p == q exactly the rejection had probability 0; fall back to p to stay finite.
-    residual = mx.where(mass > 0, residual / mx.maximum(mass, 1e-30), p[:k])
+    residual = renormalized(mx.maximum(p[:k] - q, 0.0), p[:k])
     choices = mx.concatenate([residual, p[k:]], axis=0)
     nxt = sample_rows(choices[n][None])[0].astype(mx.int32)
     return mx.stack([n, nxt])

@@ -34,3 +34,14 @@ def top_k_indices(x: mx.array, k: int, chunk: int = CHUNK) -> mx.array:
     cand = mx.take_along_axis(blocks, mx.broadcast_to(best[..., None], (*lead, k, chunk)), axis=-2)
     pick = mx.argpartition(cand.reshape(*lead, k * chunk), kth=k * chunk - k, axis=-1)[..., k * chunk - k :]
     return mx.take_along_axis(best, pick // chunk, axis=-1) * chunk + pick % chunk
+
+
+def top_k_logprobs(logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
+    """The k largest entries of each row best first, with their log-probabilities under the row's
+    softmax: ((..., k) indices, (..., k) float32). A DSpark head's candidates per draft position
+    (tree drafts: DSparkDrafter.draft_top, benchmarks/tree_accept.py)."""
+    logits = logits.astype(mx.float32)
+    top = top_k_indices(logits, k)
+    order = mx.argsort(-mx.take_along_axis(logits, top, axis=-1), axis=-1)
+    top = mx.take_along_axis(top, order, axis=-1)
+    return top, mx.take_along_axis(logits, top, axis=-1) - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -36,8 +36,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import InputError
-from .generate import GenResult, _Clock
-from .sampling import SamplingParams, pick_token, target_probs
+from .generate import GenResult, _Clock, prefill_and_start
+from .sampling import SamplingParams, renormalized, sample_rows, target_probs
 from .speculative import HeadSource
 from .target import Target
 from .text import TextStream
@@ -164,13 +164,19 @@ def walk_sampled(layout: TreeLayout, child_p: list[float], uniform: list[float],
 
 def check_tree(target: Target, drafter) -> None:
     """Refuse a tree run it cannot do exactly, saying what to change."""
+    check_tree_head(drafter)
+    target.check_tree_forward()
+
+
+def check_tree_head(drafter) -> None:
+    """Refuse a head whose top-k per position is not what it drafts: one with a causal block or a
+    Markov term, whose candidates depend on the tokens drafted before them."""
     if drafter.kind != "dspark" or drafter.config.causal:
         raise InputError(f"tree drafts need a DSpark head with a bidirectional block; this is a {drafter.kind} head. "
                          "Leave tree_nodes at 0 for it.")
     if getattr(drafter.head, "markov_head", None) is not None:
         raise InputError("tree drafts need a head that drafts its positions independently (markov_rank 0); this head has "
                          "a Markov term, so its candidates depend on the path. Leave tree_nodes at 0 for it.")
-    target.check_tree_forward()
 
 
 class HeadTreeSource(HeadSource):
@@ -209,15 +215,8 @@ def tree_loop(
     `cap` deep (plus the source's extra paths). A round reads the host twice: the head's top-k
     candidates (to choose the tree) and the verdict."""
     clock = _Clock()
-    cache = target.make_cache()
-    taps = source.taps
-    prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, taps=taps, last_only=True)
-    pending = pick_token(prefill.logits[-1], params).item()
-    source.start(prompt_ids, prefill.taps)
-    clock.first_token()
+    cache, pending, done = prefill_and_start(target, prompt_ids, params, source, stream, clock)
     forwards, host_reads, accepts, drafted = 1, 1, [], []
-    done = stream.add([pending])
-    source.commit([pending], {})
     produced = 1
     while not done and produced < max_new_tokens:
         t0 = time.perf_counter()
@@ -234,7 +233,7 @@ def tree_loop(
             for extra in source.extra_paths(depth):
                 layout.graft(tokens, extra)
         ids = mx.array(tokens, dtype=mx.uint32)
-        out = target.forward_tree(ids, layout.depth, layout.ancestors(), cache, taps=taps)
+        out = target.forward_tree(ids, layout.depth, layout.ancestors(), cache, taps=source.taps)
         if params.greedy:
             best = mx.argmax(out.logits, axis=-1).tolist()  # the round's verdict read
             path, nxt = walk_greedy(layout, tokens, best)
@@ -245,13 +244,10 @@ def tree_loop(
             removed = mx.zeros(p.shape)
             if len(layout) > 1:  # each node's children's tokens, taken out of its distribution
                 removed = removed.at[parent[1:], ids[1:].astype(mx.int32)].add(1.0)
-            rest = mx.where(removed > 0, 0.0, p)
-            mass = rest.sum(axis=-1, keepdims=True)
-            rest = mx.where(mass > 0, rest / mx.maximum(mass, 1e-30), p)
-            residual = mx.random.categorical(mx.log(rest), axis=-1)
+            residual = sample_rows(renormalized(mx.where(removed > 0, 0.0, p), p))
             uniform = mx.random.uniform(shape=(len(layout),))
-            cp, un, res = child_p.tolist(), uniform.tolist(), residual.tolist()
-            path, nxt = walk_sampled(layout, cp, un, res)
+            mx.eval(child_p, uniform, residual)  # the round's verdict read: one, not one per array
+            path, nxt = walk_sampled(layout, child_p.tolist(), uniform.tolist(), residual.tolist())
         host_reads += 1
         forwards += 1
         target.keep_tree_path(cache, path, len(layout))

@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from ..cache import BucketedKVCache, bucketed
 from ..compiled import ArrayOffsetKV
-from ..topk import top_k_indices
+from ..topk import top_k_logprobs
 from .dspark_config import DSparkConfig
 
 
@@ -334,12 +334,8 @@ class DSparkDrafter(ContextDrafter):
         c = self.config
         cap = min(cap, c.max_drafts)
         h = self.hidden(pending, c.block_size, None)[c.logits_start : c.logits_start + cap]
-        logits = self.vocab_logits(h).astype(mx.float32)
-        top = top_k_indices(logits, k)
-        best = mx.take_along_axis(logits, top, axis=-1)
-        order = mx.argsort(-best, axis=-1)
-        top, best = mx.take_along_axis(top, order, axis=-1), mx.take_along_axis(best, order, axis=-1)
-        return self._to_target_ids(top.astype(mx.uint32)), best - mx.logsumexp(logits, axis=-1, keepdims=True)
+        top, logp = top_k_logprobs(self.vocab_logits(h), k)
+        return self._to_target_ids(top.astype(mx.uint32)), logp
 
     def draft_step_at(self, rows: dict[int, mx.array] | None, rows_at: mx.array | None, pending: mx.array, cap: int,
                       params, at: mx.array, *, compiled: bool = False) -> BlockOut:
