@@ -4,8 +4,9 @@
 #   OUT=$OUT bash benchmarks/h200_trees.sh qwen15        (then qwen05 in a second call: each fits 600 s)
 # Per model (/root/ship/NAME/..., as prepare_device_session.sh ships it) with its committed head
 # (HEADS/NAME, default /root/ship/data/heads/NAME: the slim checkout leaves fixtures/ out):
-#  1. lossless_check.py: greedy beside the head's chain and its trees of TREES nodes (default 8,16,32),
-#     at most cap 7 deep, on the 8 built-in prompts of each set, 128 tokens, after a warm-up, in one
+#  1. lossless_check.py: greedy beside the head's chain, the pipelined chain with its compiled draft,
+#     and its trees of TREES nodes (default 8,16,32; the tree forward compiled) and of TREE_PLAIN nodes
+#     (default 16; the tree forward op by op), at most cap 7 deep, on the 8 built-in prompts of each set, 128 tokens, after a warm-up, in one
 #     process: token identity, mean accept length, and each arm's decode rate over greedy's
 #     -> OUT/NAME/eval_trees.{json,log};
 #  2. SWEEP=1 (default): the lab's sweep, baseline beside dspark, dspark-pipe (compiled draft) and
@@ -27,7 +28,7 @@ for name in "$@"; do
   run=$out/$name
   mkdir -p "$run"
   python3 benchmarks/lossless_check.py --model "$model" --head "$head" --drafter-bits 16 --prompts code,math,chat --limit 8 \
-    --max-new-tokens 128 --cap 7 --no-lookup-arm --tree-nodes "${TREES:-8,16,32}" --out "$run/eval_trees.json" \
+    --max-new-tokens 128 --cap 7 --no-lookup-arm --tree-nodes "${TREES:-8,16,32}" --tree-plain "${TREE_PLAIN:-16}" --pipe-arm --out "$run/eval_trees.json" \
     > "$run/eval_trees.log" 2>&1
   echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept length\|speedup\|identical;" "$run/eval_trees.log"
   if [ "${SWEEP:-1}" = 1 ]; then

@@ -69,10 +69,16 @@ def test_walk_sampled_gives_the_targets_distribution():
     assert stats.chisquare(counts, p * n).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tree_forward_reproduces_each_path(tiny_models, family):
+def test_tree_forward_reproduces_each_path(tiny_models, family, compiled):
+    """Both tree forwards: the compiled trace (padding rows, device-built mask) and op by op."""
     target, _ = tiny_models[family]
-    assert target.check_tree_forward() <= 1e-5  # float32: rounding at most
+    target.tree_compiled = compiled
+    try:
+        assert target.check_tree_forward() <= 1e-5  # float32: rounding at most
+    finally:
+        target.tree_compiled = True
 
 
 class OracleSource:
@@ -83,6 +89,7 @@ class OracleSource:
     def __init__(self, target, seed: int = 0, shuffle: bool = True):
         self.target, self.rng, self.shuffle = target, np.random.default_rng(seed), shuffle
         self.taps, self.max_depth, self.history = (), 4, []
+        self.graft_rows = 0
 
     def start(self, prompt_ids, prompt_taps):
         self.history = list(prompt_ids)
@@ -119,17 +126,22 @@ def oracle_generate(target, tok, prompt, *, nodes, seed=0, max_new_tokens=24):
                      cap=4, stream=TextStream(tok, None, None))
 
 
-@pytest.mark.parametrize("nodes", [1, 3, 8, 20])
-def test_tree_generation_is_lossless_greedy(qwen3, greedy_refs, nodes):
+@pytest.mark.parametrize("nodes,compiled", [(1, True), (3, True), (8, True), (20, True), (8, False)])
+def test_tree_generation_is_lossless_greedy(qwen3, greedy_refs, nodes, compiled):
     """Trees of the target's own candidates, shuffled: many rounds keep several tokens, some
-    through second or third candidates, and the output is the greedy tokens."""
+    through second or third candidates, and the output is the greedy tokens, through the
+    compiled tree forward and the op-by-op one alike (the same rounds)."""
     target, tok = qwen3
     kept_past_first = 0
-    for i, p in enumerate(PROMPTS[:6]):
-        r = oracle_generate(target, tok, p, nodes=nodes, seed=i)
-        assert r.token_ids == greedy_refs[p], p
-        kept_past_first += sum(a > 2 for a in r.accept_lengths)
-        assert r.mode == "dspark-tree" and len(r.accept_lengths) == r.num_rounds
+    target.tree_compiled = compiled
+    try:
+        for i, p in enumerate(PROMPTS[:6]):
+            r = oracle_generate(target, tok, p, nodes=nodes, seed=i)
+            assert r.token_ids == greedy_refs[p], p
+            kept_past_first += sum(a > 2 for a in r.accept_lengths)
+            assert r.mode == "dspark-tree" and len(r.accept_lengths) == r.num_rounds
+    finally:
+        target.tree_compiled = True
     if nodes >= 8:
         assert kept_past_first > 10
 
@@ -244,12 +256,14 @@ def test_lossless_check_runs_tree_arms(tiny_dirs, tmp_path):
 
     head = build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0, block_size=5)
     r = subprocess.run([sys.executable, str(BENCHMARKS / "lossless_check.py"), "--model", str(tiny_dirs["qwen3"]), "--head", str(head),
-                        "--cap", "4", "--tree-nodes", "3,9", "--prompts", "code", "--limit", "2", "--max-new-tokens", "16",
-                        "--no-lookup-arm", "--out", str(tmp_path / "o.json")], capture_output=True, text=True, timeout=300)
+                        "--cap", "4", "--tree-nodes", "3,9", "--tree-plain", "9", "--pipe-arm", "--prompts", "code", "--limit", "2",
+                        "--max-new-tokens", "16", "--no-lookup-arm", "--out", str(tmp_path / "o.json")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     rows = json.loads((tmp_path / "o.json").read_text())["rows"]
-    assert sorted({x["arm"] for x in rows}) == ["dspark", "dspark-tree3", "dspark-tree9"]
-    assert all(x["identical"] for x in rows) and "6/6 identical" in r.stdout
+    assert sorted({x["arm"] for x in rows}) == ["dspark", "dspark-pipe", "dspark-tree3", "dspark-tree9", "dspark-tree9-plain"]
+    assert all(x["identical"] for x in rows) and "10/10 identical" in r.stdout
+    by_arm = {(x["prompt"], x["arm"]): x for x in rows}  # compiled or not, the same rounds
+    assert all(by_arm[(p, "dspark-tree9")]["accept_lengths"] == by_arm[(p, "dspark-tree9-plain")]["accept_lengths"] for p, _ in by_arm)
 
 
 def test_the_device_script_evaluates_then_sweeps_each_model(tmp_path):
@@ -275,6 +289,7 @@ def test_the_device_script_evaluates_then_sweeps_each_model(tmp_path):
     calls = (tmp_path / "calls").read_text().splitlines()
     assert len(calls) == 4 and "lossless_check.py" in calls[0] and "-m dspark_lab sweep" in calls[1]
     assert f"--head {heads}/qwen15 " in calls[0] and "--tree-nodes 16,32" in calls[0] and "--cap 7" in calls[0]
+    assert "--tree-plain 16 " in calls[0] and "--pipe-arm" in calls[0]
     assert "--modes dspark,dspark-pipe,dspark-tree" in calls[1] and "--tree-nodes 16 " in calls[1] and f"{out}/qwen15/sweep.json" in calls[1]
     assert "qwen2.5-coder-0.5b" in calls[2] and (out / "qwen05").is_dir()
     bad = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen7"], env=env, capture_output=True, text=True)

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import mlx.core as mx
 
+from ..errors import InputError
 from .cache import BucketedKVCache
 
 # Widest input the compiled path takes (pending token + drafts); prefill goes uncompiled.
@@ -52,6 +53,24 @@ class ArrayOffsetKV:
         if window_size is not None:
             visible = visible & (k > q - window_size)
         return visible
+
+
+class TreeOffsetKV(ArrayOffsetKV):
+    """ArrayOffsetKV for a draft tree's rows: row i sees every position before the offset and,
+    among the rows written at the offset, those `ancestors[i]` marks (its ancestors and itself),
+    never padding past them. The mask is built from arrays, so one trace serves every tree of
+    the same width."""
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, ancestors: mx.array):
+        super().__init__(keys, values, offset)
+        self.ancestors = ancestors
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        if window_size is not None:
+            raise InputError("tree drafts do not support sliding-window attention. Leave tree_nodes at 0 for this model.")
+        rel = mx.arange(self.keys.shape[2]) - self.offset  # each key's position relative to the tree's first row
+        in_tree = mx.take(self.ancestors, mx.clip(rel, 0, N - 1), axis=1) & (rel < N)[None]
+        return (rel < 0)[None] | in_tree
 
 
 def can_compile(cache: list) -> bool:
@@ -88,6 +107,39 @@ class OffsetForward:
 
             self._fns[key] = mx.compile(run) if self.compile else run
         return self._fns[key]
+
+    def _tree_fn(self, taps: tuple[int, ...]):
+        key = ("tree", taps)
+        if key not in self._fns:
+            t = self.target
+
+            def run(ids, keys, values, offset, depth, ancestors):
+                traced = [TreeOffsetKV(k, v, offset, ancestors) for k, v in zip(keys, values)]
+                rec = t._recorder
+                rec.wanted, rec.outputs, rec.positions = frozenset(taps), {}, offset + depth
+                try:
+                    hidden = t._inner(ids[None], cache=traced)
+                finally:
+                    outs, rec.outputs, rec.wanted, rec.positions = rec.outputs, {}, frozenset(), None
+                return t._logits(hidden[0]), [outs[i][0] for i in taps], [c.keys for c in traced], [c.values for c in traced]
+
+            self._fns[key] = mx.compile(run) if self.compile else run
+        return self._fns[key]
+
+    def tree(self, ids: mx.array, depth: mx.array, ancestors: mx.array, cache: list, taps: Sequence[int] = ()):
+        """A draft tree's rows after the cache (Target.forward_tree's contract): row i at position
+        offset + depth[i], seeing the cache and the rows ancestors[i] marks. Writes every row at
+        the cache's offset and advances it by their number. The rope modules must already rotate
+        per row (Target.forward_tree installs that)."""
+        n, start = ids.shape[0], cache[0].offset
+        for c in cache:
+            c.ensure(start + n)
+        fn = self._tree_fn(tuple(taps))
+        logits, tap_rows, keys, values = fn(ids, [c.keys for c in cache], [c.values for c in cache],
+                                            mx.array(start, dtype=mx.int32), depth, ancestors)
+        for c, k, v in zip(cache, keys, values):
+            c.keys, c.values, c.offset = k, v, start + n
+        return logits, dict(zip(taps, tap_rows))
 
     def run(self, ids: mx.array, cache: list, offset: mx.array, taps: Sequence[int] = (), last_only: bool = False):
         taps = tuple(taps)

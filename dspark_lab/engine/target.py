@@ -208,8 +208,10 @@ class Target:
             layer._dspark_index = i
         self.probed = False
         self._offset_checked: float | None = None  # check_offset_forward's result, once per model
-        self._tree_checked: float | None = None  # check_tree_forward's result, once per model
+        self._tree_checked: dict[bool, float] = {}  # check_tree_forward's result per tree_compiled, once per model
         self._tree_ropes: list = []  # the rope modules forward_tree rotates per row (installed at its first call)
+        # forward_tree through a compiled trace (the pipelined verify's gain on the H200); off: op by op.
+        self.tree_compiled = True
         self.trims_only = True  # set by make_cache
         self._compiled = False  # Target.compiled
         # forward_at: compiled for decode widths (measured faster in the pipelined loop), plain beyond.
@@ -428,12 +430,17 @@ class Target:
         return found
 
     def forward_tree(self, ids: mx.array, depth: Sequence[int], ancestors: np.ndarray, cache: list, *,
-                     taps: Sequence[int] = ()) -> ForwardOut:
+                     taps: Sequence[int] = (), width: int | None = None) -> ForwardOut:
         """Feed a draft tree's rows `ids` (1-D, row 0 its root, every row after its parent) after the cache:
         row i sits at position cache_len + depth[i] and attends to the cache and to the rows j with
         ancestors[i, j] (its ancestors and itself). Returns logits and taps for every row; the
         cache then holds all the rows (keep_tree_path keeps one path of them). Plain bucketed KV
-        caches only (check_tree_forward)."""
+        caches only (check_tree_forward).
+
+        With `tree_compiled` (the default) the forward replays one compiled trace per tree width
+        and cache bucket (engine/compiled.py), its mask built on the device from `ancestors`;
+        `width` pads the rows to that many (rows no real row sees) so trees of different sizes
+        share one trace. Without it the graph is built op by op each round."""
         n = ids.shape[0]
         if n == 1:
             return self.forward(ids, cache, taps=taps)
@@ -447,6 +454,16 @@ class Target:
                     rope.__class__ = _tree_rope_class(type(rope))
                 rope._dspark_recorder = self._recorder
         start = cache[0].offset
+        if self.tree_compiled:
+            w = max(n, width or n)
+            visible = np.eye(w, dtype=bool)  # padding rows see themselves only, and no real row sees them
+            visible[:n, :n] = ancestors
+            padded = ids if w == n else mx.concatenate([ids, mx.zeros((w - n,), dtype=ids.dtype)])
+            logits, tap_rows = self._at_offset[True].tree(padded, mx.array(list(depth) + [0] * (w - n), dtype=mx.int32),
+                                                         mx.array(visible), cache, taps)
+            for c in cache:
+                c.offset = start + n  # the padding rows lie past the end: masked, then overwritten
+            return ForwardOut(logits[:n], {t: r[:n] for t, r in tap_rows.items()})
         visible = np.zeros((n, bucketed(start + n)), dtype=bool)
         visible[:, :start] = True
         visible[:, start : start + n] = ancestors
@@ -478,9 +495,11 @@ class Target:
     def check_tree_forward(self) -> float:
         """Once per model: a tree forward must reproduce the plain forward of each of its paths,
         and a forward after keep_tree_path the plain forward after that path. Returns the relative
-        difference; LoadError naming the model_type when it exceeds PROBE_RTOL."""
-        if self._tree_checked is not None:
-            return self._tree_checked
+        difference; LoadError naming the model_type when it exceeds PROBE_RTOL. Checks the path
+        `tree_compiled` chooses (the compiled one with padding rows), once for each."""
+        mode = self.tree_compiled
+        if mode in self._tree_checked:
+            return self._tree_checked[mode]
         if not can_compile(self.make_cache()):
             raise InputError(f"tree drafts need plain KV caches; model_type {self.model_type!r} keeps recurrent, rotating or "
                              "quantized cache state. Leave tree_nodes at 0 for it.")
@@ -494,7 +513,7 @@ class Target:
             anc[i] |= anc[parent[i]]
         cache = self.make_cache()
         self.forward(mx.array(prefix, dtype=mx.uint32), cache)
-        got = self.forward_tree(mx.array([r, a, b, c, d, e], dtype=mx.uint32), depth, anc, cache).logits
+        got = self.forward_tree(mx.array([r, a, b, c, d, e], dtype=mx.uint32), depth, anc, cache, width=9).logits
         self.keep_tree_path(cache, [0, 1, 3], 6)
         after = self.forward(mx.array([nxt], dtype=mx.uint32), cache).logits
         ref_rac = self.forward(mx.array(prefix + [r, a, c, nxt], dtype=mx.uint32), self.make_cache()).logits
@@ -506,7 +525,7 @@ class Target:
         if not err <= PROBE_RTOL:
             raise LoadError(f"the tree forward does not reproduce model_type {self.model_type!r} (relative difference "
                             f"{err:.2e}, limit {PROBE_RTOL:.0e}). Leave tree_nodes at 0 for this model.")
-        self._tree_checked = err
+        self._tree_checked[mode] = err
         return err
 
     def taps_batch(self, ids: mx.array, taps: Sequence[int]) -> dict[int, mx.array]:

@@ -193,6 +193,11 @@ class HeadTreeSource(HeadSource):
         """(depth, k) candidate ids and their log-probabilities, best first per position (lazy)."""
         return self.drafter.draft_top(pending, depth, k)
 
+    @property
+    def graft_rows(self) -> int:
+        """The most rows extra_paths can add to a tree (a lookup continuation, at most max_depth long)."""
+        return self.max_depth if self.index is not None else 0
+
     def extra_paths(self, depth: int) -> list[list[int]]:
         """Token paths to graft onto the round's tree: the lookup's continuation, if it has one."""
         hit = self.index.propose(depth) if self.index is not None else []
@@ -218,6 +223,9 @@ def tree_loop(
     cache, pending, done = prefill_and_start(target, prompt_ids, params, source, stream, clock)
     forwards, host_reads, accepts, drafted = 1, 1, [], []
     produced = 1
+    # Every round's tree padded to one width (its nodes, the root, a grafted path): one compiled
+    # trace per cache bucket instead of one per tree size.
+    width = nodes + 1 + source.graft_rows
     while not done and produced < max_new_tokens:
         t0 = time.perf_counter()
         want = cap() if callable(cap) else cap
@@ -233,7 +241,7 @@ def tree_loop(
             for extra in source.extra_paths(depth):
                 layout.graft(tokens, extra)
         ids = mx.array(tokens, dtype=mx.uint32)
-        out = target.forward_tree(ids, layout.depth, layout.ancestors(), cache, taps=source.taps)
+        out = target.forward_tree(ids, layout.depth, layout.ancestors(), cache, taps=source.taps, width=width)
         if params.greedy:
             best = mx.argmax(out.logits, axis=-1).tolist()  # the round's verdict read
             path, nxt = walk_greedy(layout, tokens, best)
