@@ -6,11 +6,13 @@
 # (HEADS/NAME, default /root/ship/data/heads/NAME: the slim checkout leaves fixtures/ out):
 #  1. lossless_check.py: greedy beside the head's chain, the pipelined chain with its compiled draft,
 #     and its trees of TREES nodes (default 8,16,32; the tree forward compiled) and of TREE_PLAIN nodes
-#     (default 16; the tree forward op by op), at most cap 7 deep, on the 8 built-in prompts of each set, 128 tokens, after a warm-up, in one
+#     (default 16; the tree forward op by op) and, through the pipelined tree loop, of TREE_PIPE nodes
+#     (default 16,32), at most cap 7 deep, on the 8 built-in prompts of each set, 128 tokens, after a warm-up, in one
 #     process: token identity, mean accept length, and each arm's decode rate over greedy's
 #     -> OUT/NAME/eval_trees.{json,log};
-#  2. SWEEP=1 (default): the lab's sweep, baseline beside dspark, dspark-pipe (compiled draft) and
-#     dspark-tree (TREE_SWEEP nodes, default 16) at CAPS (default 7), SWEEP_PROMPTS (default 4)
+#  2. SWEEP=1 (default): the lab's sweep, baseline beside dspark, dspark-pipe (compiled draft),
+#     dspark-tree and dspark-tree-pipe (TREE_SWEEP nodes, default 16; the pipelined trees with the compiled
+#     draft) at CAPS (default 7), SWEEP_PROMPTS (default 4)
 #     prompts a set, 2 trials -> OUT/NAME/sweep.json, for `dspark-lab ingest` here.
 # Heads unquantized (--drafter-bits 16), as every device evaluation of them.
 set -u
@@ -28,11 +30,11 @@ for name in "$@"; do
   run=$out/$name
   mkdir -p "$run"
   python3 benchmarks/lossless_check.py --model "$model" --head "$head" --drafter-bits 16 --prompts code,math,chat --limit 8 \
-    --max-new-tokens 128 --cap 7 --no-lookup-arm --tree-nodes "${TREES:-8,16,32}" --tree-plain "${TREE_PLAIN:-16}" --pipe-arm --out "$run/eval_trees.json" \
+    --max-new-tokens 128 --cap 7 --no-lookup-arm --tree-nodes "${TREES:-8,16,32}" --tree-plain "${TREE_PLAIN:-16}" --tree-pipe "${TREE_PIPE:-16,32}" --pipe-arm --out "$run/eval_trees.json" \
     > "$run/eval_trees.log" 2>&1
   echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept length\|speedup\|identical;" "$run/eval_trees.log"
   if [ "${SWEEP:-1}" = 1 ]; then
-    python3 -m dspark_lab sweep -m "$model" -d "$head" --drafter-bits 16 --modes dspark,dspark-pipe,dspark-tree --compile-draft \
+    python3 -m dspark_lab sweep -m "$model" -d "$head" --drafter-bits 16 --modes dspark,dspark-pipe,dspark-tree,dspark-tree-pipe --compile-draft \
       --tree-nodes "${TREE_SWEEP:-16}" --caps "${CAPS:-7}" --prompts code,math,chat --prompt-limit "${SWEEP_PROMPTS:-4}" --trials 2 \
       -n 128 --db "$run/sweep.duckdb" --json "$run/sweep.json" > "$run/sweep.log" 2>&1
     echo "$name sweep rc=$? at ${SECONDS}s"; tail -3 "$run/sweep.log"

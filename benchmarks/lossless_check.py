@@ -3,7 +3,7 @@ token identity per prompt, and for every difference where it starts and how clos
 top two logits were there.
 
     python benchmarks/lossless_check.py --model DIR [--head DIR --mode dspark|dflash --cap 4 [--lookup-drafts]]
-        [--tree-nodes 8,16 [--tree-plain 16]] [--pipe-arm] [--prompts copy,code] [--limit 6] [--only code-005,...] [--max-new-tokens 512] [--no-lookup-arm]
+        [--tree-nodes 8,16 [--tree-plain 16] [--tree-pipe 16]] [--pipe-arm] [--prompts copy,code] [--limit 6] [--only code-005,...] [--max-new-tokens 512] [--no-lookup-arm]
         [--dtype float32 [--dequantize]]
 
 The head drafts on its own unless --lookup-drafts (then a long n-gram match is verified instead),
@@ -11,7 +11,9 @@ so its mean accept length is the head's. `--tree-nodes 8,16` adds an arm per siz
 drafting trees (mode dspark-tree, at most --cap deep; with --lookup-drafts a match's continuation
 joins each tree as one more path), beside the chain on the same prompts; the tree forward runs
 compiled (Target.tree_compiled), and `--tree-plain 16` adds arms whose tree forward is built op by op
-(`dspark-tree16-plain`), to time what compiling gains. `--pipe-arm` adds the pipelined chain with its
+(`dspark-tree16-plain`), to time what compiling gains; `--tree-pipe 16` arms run the pipelined tree
+loop (`dspark-tree16-pipe`: the tree chosen and verified on the device, its draft compiled, greedy,
+no lookup paths; engine/tree_pipeline.py). `--pipe-arm` adds the pipelined chain with its
 compiled draft (`dspark-pipe`, mode dspark-pipe --compile-draft). Per set it also prints, for each draft position, the share
 of the rounds that drafted it which accepted it (and every draft before it); the --out JSON keeps
 each prompt's per-round accept and draft lengths.
@@ -51,14 +53,16 @@ def main() -> None:
     ap.add_argument("--no-lookup-arm", action="store_true")
     ap.add_argument("--tree-nodes", default="", help="comma-separated tree sizes: an arm each, the head drafting trees (dspark-tree)")
     ap.add_argument("--tree-plain", default="", help="comma-separated tree sizes: an arm each with the tree forward built op by op, not compiled")
+    ap.add_argument("--tree-pipe", default="", help="comma-separated tree sizes: an arm each through the pipelined tree loop")
     ap.add_argument("--pipe-arm", action="store_true", help="an arm for the pipelined chain with its compiled draft (dspark-pipe)")
     ap.add_argument("--drafter-bits", type=int, default=4, help="head weight bits (16 = as saved)")
     ap.add_argument("--out")
     args = ap.parse_args()
     trees = [int(n) for n in args.tree_nodes.split(",") if n.strip()]
     plain_trees = [int(n) for n in args.tree_plain.split(",") if n.strip()]
-    if (trees or plain_trees or args.pipe_arm) and not args.head:
-        raise SystemExit("--tree-nodes, --tree-plain and --pipe-arm need --head (trees: a DSpark head without a Markov term)")
+    pipe_trees = [int(n) for n in args.tree_pipe.split(",") if n.strip()]
+    if (trees or plain_trees or pipe_trees or args.pipe_arm) and not args.head:
+        raise SystemExit("--tree-nodes, --tree-plain, --tree-pipe and --pipe-arm need --head (trees: a DSpark head without a Markov term)")
     target, tok = load_target(args.model, dtype=args.dtype, dequantize=args.dequantize)
     head = None
     if args.head:
@@ -83,9 +87,9 @@ def main() -> None:
         finally:
             target.tree_compiled = True
 
-    def pipe(ids, max_new_tokens):
+    def pipe(ids, max_new_tokens, tree_nodes=0):
         return speculative_generate(target, tok, head, ids, max_new_tokens=max_new_tokens, max_draft_tokens=args.cap,
-                                    pipeline=True, compile_draft=True)
+                                    pipeline=True, compile_draft=True, tree_nodes=tree_nodes)
 
     for n in trees:  # the tree forward's first widths compile too
         tree(first, n, True, 32)
@@ -93,6 +97,8 @@ def main() -> None:
         tree(first, n, False, 32)
     if args.pipe_arm:
         pipe(first, 32)
+    for n in pipe_trees:
+        pipe(first, 32, n)
     rows = []
     for p in prompts:
         ids = encode_prompt(tok, p.as_input())
@@ -107,6 +113,8 @@ def main() -> None:
             arms[f"dspark-tree{n}"] = tree(ids, n, True, args.max_new_tokens)
         for n in plain_trees:
             arms[f"dspark-tree{n}-plain"] = tree(ids, n, False, args.max_new_tokens)
+        for n in pipe_trees:
+            arms[f"dspark-tree{n}-pipe"] = pipe(ids, args.max_new_tokens, n)
         for name, r in arms.items():
             div = first_divergence(target, ids, base.token_ids, r.token_ids)
             rows.append({"prompt": p.id, "set": p.domain, "arm": name, "context": len(ids) + base.num_tokens, "identical": div is None,

@@ -68,10 +68,14 @@ class Mode(str, Enum):
     dspark = "dspark"
     dspark_pipe = "dspark-pipe"
     dspark_tree = "dspark-tree"
+    dspark_tree_pipe = "dspark-tree-pipe"
     dflash = "dflash"
     draft = "draft"
     draft_pipe = "draft-pipe"
     auto = "auto"
+
+
+TREE_MODES = (Mode.dspark_tree, Mode.dspark_tree_pipe)  # modes whose rounds verify a tree (--tree-nodes)
 
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or Hugging Face repo id (mlx-lm format).")]
@@ -86,7 +90,7 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
-    mode: Annotated[Optional[Mode], typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dspark-tree: the same head verifying a tree of its likeliest drafts each round (--tree-nodes; heads without a Markov term; plus the lookup match's path unless --no-lookup-drafts); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); draft-pipe: the same through the pipelined loop (plain-KV target and draft model); auto: the registry's measured drafter for this model, else lookup. Default: with --drafter dspark or dflash (the head's kind), with --draft-model draft, else baseline.")] = None,
+    mode: Annotated[Optional[Mode], typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dspark-tree: the same head verifying a tree of its likeliest drafts each round (--tree-nodes; heads without a Markov term; plus the lookup match's path unless --no-lookup-drafts); dspark-tree-pipe: the same trees chosen and verified on the device, each round built while the previous one computes (greedy, fixed --max-draft, no lookup drafts; --compile-draft applies); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); draft-pipe: the same through the pipelined loop (plain-KV target and draft model); auto: the registry's measured drafter for this model, else lookup. Default: with --drafter dspark or dflash (the head's kind), with --draft-model draft, else baseline.")] = None,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head directory or repo id.")] = None,
     draft_model: DraftModelOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
@@ -98,7 +102,7 @@ def generate(
     tree_nodes: Annotated[Optional[int], typer.Option(help="In dspark-tree mode: the drafts a round's tree holds (the head's likeliest paths, at most --max-draft deep; a long n-gram match's continuation joins them unless --no-lookup-drafts). Default 16.")] = None,
     lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on). In dspark-pipe mode the match runs on the device and its tokens replace the head's slot by slot (default: off, not yet measured on a GPU).")] = None,
     lookup_kernel: Annotated[Optional[bool], typer.Option("--lookup-kernel/--no-lookup-kernel", help="In dspark-pipe mode with --lookup-drafts, run the n-gram match as one custom CUDA kernel. Default: as a one-time probe on this machine found it (exact and faster; stored in --db).")] = None,
-    compile_draft: Annotated[Optional[bool], typer.Option("--compile-draft/--no-compile-draft", help="In dspark-pipe mode, append the head's context and draft through one compiled trace per round (greedy; default: off, or as the registry measured the pair with --mode auto).")] = None,
+    compile_draft: Annotated[Optional[bool], typer.Option("--compile-draft/--no-compile-draft", help="In dspark-pipe and dspark-tree-pipe modes, append the head's context and draft through one compiled trace per round (greedy; default: off, or as the registry measured the pair with --mode auto).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy; > 0 samples (speculative paths stay exact samples of the model).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1]; 1 disables.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens; 0 disables.")] = 0,
@@ -139,7 +143,7 @@ def generate(
     if drafter is not None and mode in (Mode.baseline, Mode.lookup, Mode.draft, Mode.draft_pipe):
         raise DsparkError(f"--drafter is only used by --mode dspark, dspark-pipe, dspark-tree, dflash or auto (this run is --mode {mode.value}, "
                           "which would leave the head unused); add --mode dspark (or dspark-pipe, dspark-tree, dflash) or drop --drafter.")
-    if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dspark_tree, Mode.dflash) and drafter is None:
+    if mode in (Mode.dspark, Mode.dspark_pipe, *TREE_MODES, Mode.dflash) and drafter is None:
         raise DsparkError(f"--mode {mode.value} needs --drafter DIR (a head for this model); or use --mode auto or lookup.")
     draft_modes = (Mode.draft, Mode.draft_pipe)
     if mode in draft_modes and draft_model is None:
@@ -170,9 +174,9 @@ def generate(
         except DsparkError as e:
             err.print(f"[dim]auto: {e} Using lookup decoding.[/]")
             mode = Mode.lookup
-    elif mode in (Mode.dspark, Mode.dspark_pipe, Mode.dspark_tree, Mode.auto):
+    elif mode in (Mode.dspark, Mode.dspark_pipe, *TREE_MODES, Mode.auto):
         target, tokenizer, head, pair = load_pair(model, drafter, drafter_bits=drafter_bits, drafter_window=drafter_window, max_draft_tokens=max_draft, **load_opts)
-        mode, max_draft = (mode if mode in (Mode.dspark_pipe, Mode.dspark_tree) else Mode.dspark), pair.max_draft_tokens
+        mode, max_draft = (mode if mode in (Mode.dspark_pipe, *TREE_MODES) else Mode.dspark), pair.max_draft_tokens
     if mode is Mode.dflash:
         from .engine import load_dflash_pair
 
@@ -225,19 +229,20 @@ def generate(
             engine.dispose()
         err.print(f"[dim]--lookup-kernel: {verdict.describe()}[/]")
         lookup_kernel = verdict.use
-    if mode is Mode.dspark_tree and auto_cap:
+    if mode in TREE_MODES and auto_cap:
         raise DsparkError("--max-draft auto has no cost curves for tree rounds yet; give --max-draft N (the tree's depth), "
                           "or leave it out for the head's block.")
-    if mode is Mode.dspark_tree and not max_draft:
+    if mode in TREE_MODES and not max_draft:
         max_draft = head.config.max_drafts  # the tree itself chooses how deep to go
-    if tree_nodes is not None and mode is not Mode.dspark_tree:
-        raise DsparkError(f"--tree-nodes is a --mode dspark-tree option (this run is --mode {mode.value}); add --mode dspark-tree or drop --tree-nodes.")
-    if mode in (Mode.dspark, Mode.dspark_pipe, Mode.dspark_tree, Mode.dflash):
+    if tree_nodes is not None and mode not in TREE_MODES:
+        raise DsparkError(f"--tree-nodes is a --mode dspark-tree (or dspark-tree-pipe) option (this run is --mode {mode.value}); "
+                          "add --mode dspark-tree or drop --tree-nodes.")
+    if mode in (Mode.dspark, Mode.dspark_pipe, *TREE_MODES, Mode.dflash):
         result = speculative_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft or 2, lookup_drafts=lookup_drafts,
                                       confidence_threshold=confidence_threshold, cap_controller=controller,
-                                      pipeline=mode is Mode.dspark_pipe, compile_draft=bool(compile_draft),
+                                      pipeline=mode in (Mode.dspark_pipe, Mode.dspark_tree_pipe), compile_draft=bool(compile_draft),
                                       lookup_kernel=bool(lookup_kernel),
-                                      tree_nodes=(tree_nodes or 16) if mode is Mode.dspark_tree else 0, **common)
+                                      tree_nodes=(tree_nodes or 16) if mode in TREE_MODES else 0, **common)
     elif mode in draft_modes:
         result = draft_model_generate(target, tokenizer, head, prompt, max_draft_tokens=max_draft, cap_controller=controller,
                                       pipeline=mode is Mode.draft_pipe, **common)
@@ -389,7 +394,7 @@ def sweep(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
     drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
     draft_model: Annotated[Optional[list[str]], typer.Option("--draft-model", help="Draft model for mode draft (repeatable); each is paired with every model whose tokenizer it shares.")] = None,
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dspark-tree (a DSpark head without a Markov term verifying a tree of its --tree-nodes likeliest drafts; fixed caps only), dflash, draft, draft-pipe, mlx-lm (mlx-lm's own decoder on the same model: a reference for our greedy). The baseline always runs. Default: lookup, plus each head's own modes (a DSpark head: dspark and dspark-pipe; a DFlash head: dflash), plus draft and draft-pipe when draft models are given.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dspark-tree (a DSpark head without a Markov term verifying a tree of its --tree-nodes likeliest drafts; fixed caps only), dspark-tree-pipe (the same trees chosen and verified on the device, one round in flight; greedy), dflash, draft, draft-pipe, mlx-lm (mlx-lm's own decoder on the same model: a reference for our greedy). The baseline always runs. Default: lookup, plus each head's own modes (a DSpark head: dspark and dspark-pipe; a DFlash head: dflash), plus draft and draft-pipe when draft models are given.")] = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
@@ -405,8 +410,8 @@ def sweep(
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too); float32 is fastest on CPU.")] = None,
     launch_every: LaunchEveryOpt = "0",
     pipe_lookup: Annotated[bool, typer.Option(help="dspark-pipe arms add n-gram lookup drafts matched on the device.")] = False,
-    compile_draft: Annotated[bool, typer.Option(help="dspark-pipe arms draft through one compiled trace per round (greedy).")] = False,
-    tree_nodes: Annotated[int, typer.Option(help="dspark-tree arms: the drafts in a round's tree.")] = 16,
+    compile_draft: Annotated[bool, typer.Option(help="dspark-pipe and dspark-tree-pipe arms draft through one compiled trace per round (greedy).")] = False,
+    tree_nodes: Annotated[int, typer.Option(help="dspark-tree and dspark-tree-pipe arms: the drafts in a round's tree.")] = 16,
     precisions: PrecisionsOpt = "as-loaded",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,

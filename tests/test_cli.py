@@ -116,14 +116,17 @@ def test_generate_tree_mode(tiny_dirs, tmp_path):
     head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], markov_rank=0)
     plain = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "a b c a b c", "-n", "10"])
     args = ["generate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "-p", "a b c a b c", "-n", "10"]
-    for extra in ([], ["--tree-nodes", "5", "--max-draft", "2"]):
-        r = runner.invoke(app, args + ["--mode", "dspark-tree"] + extra)
+    for mode, extra in (("dspark-tree", []), ("dspark-tree", ["--tree-nodes", "5", "--max-draft", "2"]),
+                        ("dspark-tree-pipe", ["--tree-nodes", "5", "--compile-draft"])):
+        r = runner.invoke(app, args + ["--mode", mode] + extra)
         assert r.exit_code == 0, r.output
         assert "10 tokens" in r.output and r.output.splitlines()[0] == plain.output.splitlines()[0]
     r = runner.invoke(app, args + ["--mode", "dspark", "--tree-nodes", "5"])
-    assert r.exit_code != 0 and "--mode dspark-tree option" in r.output
+    assert r.exit_code != 0 and "--tree-nodes is a --mode dspark-tree" in r.output
     r = runner.invoke(app, args + ["--mode", "dspark-tree", "--max-draft", "auto"])
     assert r.exit_code != 0 and "no cost curves for tree rounds" in r.output
+    r = runner.invoke(app, args + ["--mode", "dspark-tree-pipe", "--temperature", "0.7"])
+    assert r.exit_code != 0 and "pipelined tree drafts are greedy" in r.output
     markov = build_tiny_dspark(tmp_path / "markov", tiny_dirs["qwen3"])
     r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "-d", str(markov), "-p", "hi", "--mode", "dspark-tree"])
     assert r.exit_code != 0 and "Markov term" in r.output

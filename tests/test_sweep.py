@@ -110,11 +110,13 @@ def test_tree_arms_run_lossless_at_fixed_caps(tiny_dirs, tmp_path):
     markov = build_tiny_dspark(tmp_path / "m16", tiny_dirs["qwen3"], block_size=4)
     events = []
     cfg = small_config(tiny_dirs["qwen3"], markov_free, drafters=[str(markov_free), str(markov)],
-                       modes=["baseline", "dspark", "dspark-tree"], caps=["3", "auto"], trials=1, tree_nodes=6)
+                       modes=["baseline", "dspark", "dspark-tree", "dspark-tree-pipe"], caps=["3", "auto"], trials=1, tree_nodes=6)
     db = tmp_path / "t.duckdb"
     run_sweep(cfg, db, progress=False, on_event=events.append)
-    got = rows(db, "select drafter_id, cap, count(*), count(*) filter (where lossless) from trials where mode = 'dspark-tree' group by all")
-    assert got == [(str(markov_free), "3", 4, 4)]
+    for mode in ("dspark-tree", "dspark-tree-pipe"):  # the plain tree loop, and trees chosen and verified on the device
+        got = rows(db, f"select drafter_id, cap, count(*), count(*) filter (where lossless) from trials where mode = '{mode}' group by all")
+        assert got == [(str(markov_free), "3", 4, 4)], mode
+    assert any("skipping drafter" in e and "dspark-tree-pipe" in e and "Markov term" in e for e in events)
     assert any("skipping drafter" in e and "dspark-tree" in e and "Markov term" in e for e in events)
     assert rows(db, "select count(distinct drafter_id) from trials where mode = 'dspark'")[0][0] == 2
     # 6 of the head's drafts a round, and a lookup match's path grafted on (at most the cap's 3 more)

@@ -202,8 +202,10 @@ def test_tree_refuses_what_it_cannot_do(qwen3, heads):
     markov = load_dspark(heads["qwen3"], target)
     with pytest.raises(InputError, match="Markov term"):
         speculative_generate(target, tok, markov, "hi", tree_nodes=8, max_draft_tokens=3)
-    with pytest.raises(InputError, match="cannot be combined with pipeline"):
+    with pytest.raises(InputError, match="Markov term"):  # pipelined or not
         speculative_generate(target, tok, markov, "hi", tree_nodes=8, max_draft_tokens=3, pipeline=True)
+    with pytest.raises(InputError, match="cannot be combined with confidence_threshold"):
+        speculative_generate(target, tok, markov, "hi", tree_nodes=8, max_draft_tokens=3, confidence_threshold=0.5)
     with pytest.raises(InputError, match="tree_nodes must be >= 0"):
         speculative_generate(target, tok, markov, "hi", tree_nodes=-1, max_draft_tokens=3)
 
@@ -256,12 +258,12 @@ def test_lossless_check_runs_tree_arms(tiny_dirs, tmp_path):
 
     head = build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0, block_size=5)
     r = subprocess.run([sys.executable, str(BENCHMARKS / "lossless_check.py"), "--model", str(tiny_dirs["qwen3"]), "--head", str(head),
-                        "--cap", "4", "--tree-nodes", "3,9", "--tree-plain", "9", "--pipe-arm", "--prompts", "code", "--limit", "2",
+                        "--cap", "4", "--tree-nodes", "3,9", "--tree-plain", "9", "--tree-pipe", "9", "--pipe-arm", "--prompts", "code", "--limit", "2",
                         "--max-new-tokens", "16", "--no-lookup-arm", "--out", str(tmp_path / "o.json")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     rows = json.loads((tmp_path / "o.json").read_text())["rows"]
-    assert sorted({x["arm"] for x in rows}) == ["dspark", "dspark-pipe", "dspark-tree3", "dspark-tree9", "dspark-tree9-plain"]
-    assert all(x["identical"] for x in rows) and "10/10 identical" in r.stdout
+    assert sorted({x["arm"] for x in rows}) == ["dspark", "dspark-pipe", "dspark-tree3", "dspark-tree9", "dspark-tree9-pipe", "dspark-tree9-plain"]
+    assert all(x["identical"] for x in rows) and "12/12 identical" in r.stdout
     by_arm = {(x["prompt"], x["arm"]): x for x in rows}  # compiled or not, the same rounds
     assert all(by_arm[(p, "dspark-tree9")]["accept_lengths"] == by_arm[(p, "dspark-tree9-plain")]["accept_lengths"] for p, _ in by_arm)
 
@@ -289,8 +291,8 @@ def test_the_device_script_evaluates_then_sweeps_each_model(tmp_path):
     calls = (tmp_path / "calls").read_text().splitlines()
     assert len(calls) == 4 and "lossless_check.py" in calls[0] and "-m dspark_lab sweep" in calls[1]
     assert f"--head {heads}/qwen15 " in calls[0] and "--tree-nodes 16,32" in calls[0] and "--cap 7" in calls[0]
-    assert "--tree-plain 16 " in calls[0] and "--pipe-arm" in calls[0]
-    assert "--modes dspark,dspark-pipe,dspark-tree" in calls[1] and "--tree-nodes 16 " in calls[1] and f"{out}/qwen15/sweep.json" in calls[1]
+    assert "--tree-plain 16 " in calls[0] and "--tree-pipe 16,32 " in calls[0] and "--pipe-arm" in calls[0]
+    assert "--modes dspark,dspark-pipe,dspark-tree,dspark-tree-pipe " in calls[1] and "--tree-nodes 16 " in calls[1] and f"{out}/qwen15/sweep.json" in calls[1]
     assert "qwen2.5-coder-0.5b" in calls[2] and (out / "qwen05").is_dir()
     bad = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen7"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown model qwen7" in bad.stdout

@@ -108,23 +108,69 @@ class OffsetForward:
             self._fns[key] = mx.compile(run) if self.compile else run
         return self._fns[key]
 
+    def _tree_forward(self, taps: tuple[int, ...], ids, keys, values, offset, depth, ancestors):
+        """The tree rows' forward over traced caches: (logits, tap rows, keys, values)."""
+        t = self.target
+        traced = [TreeOffsetKV(k, v, offset, ancestors) for k, v in zip(keys, values)]
+        rec = t._recorder
+        rec.wanted, rec.outputs, rec.positions = frozenset(taps), {}, offset + depth
+        try:
+            hidden = t._inner(ids[None], cache=traced)
+        finally:
+            outs, rec.outputs, rec.wanted, rec.positions = rec.outputs, {}, frozenset(), None
+        return t._logits(hidden[0]), [outs[i][0] for i in taps], [c.keys for c in traced], [c.values for c in traced]
+
     def _tree_fn(self, taps: tuple[int, ...]):
         key = ("tree", taps)
         if key not in self._fns:
-            t = self.target
 
             def run(ids, keys, values, offset, depth, ancestors):
-                traced = [TreeOffsetKV(k, v, offset, ancestors) for k, v in zip(keys, values)]
-                rec = t._recorder
-                rec.wanted, rec.outputs, rec.positions = frozenset(taps), {}, offset + depth
-                try:
-                    hidden = t._inner(ids[None], cache=traced)
-                finally:
-                    outs, rec.outputs, rec.wanted, rec.positions = rec.outputs, {}, frozenset(), None
-                return t._logits(hidden[0]), [outs[i][0] for i in taps], [c.keys for c in traced], [c.values for c in traced]
+                return self._tree_forward(taps, ids, keys, values, offset, depth, ancestors)
 
             self._fns[key] = mx.compile(run) if self.compile else run
         return self._fns[key]
+
+    def _tree_round_fn(self, taps: tuple[int, ...], max_depth: int):
+        key = ("tree-round", taps, max_depth)
+        if key not in self._fns:
+
+            def run(ids, keys, values, offset, depth, ancestors, parent):
+                logits, tap_rows, keys, values = self._tree_forward(taps, ids, keys, values, offset, depth, ancestors)
+                best = mx.argmax(logits, axis=-1).astype(mx.uint32)
+                # A row is accepted when its token is the target's choice at its parent, and kept
+                # when it and all its ancestors are: keep the deepest such row (the root if none).
+                agree = (ids == best[parent]) | (mx.arange(ids.shape[0]) == 0)
+                kept = (ancestors.astype(mx.float32) @ (~agree).astype(mx.float32)) == 0
+                end = mx.argmax(mx.where(kept, depth, -1))
+                on_path = ancestors[end][None] & (depth[None] == mx.arange(max_depth + 1)[:, None])
+                path = mx.argmax(on_path.astype(mx.int32), axis=1)  # the path's row at each depth (the root past its end)
+                rows = offset + path  # the kept rows move to follow the cache, in path order
+                at = offset.reshape(1)
+                keys = [mx.slice_update(k, mx.take(k, rows, axis=2), at, axes=(2,)) for k in keys]
+                values = [mx.slice_update(v, mx.take(v, rows, axis=2), at, axes=(2,)) for v in values]
+                verdict = mx.concatenate([depth[end][None], best[end][None].astype(mx.int32), ids[path[1:]].astype(mx.int32)])
+                return verdict, [r[path] for r in tap_rows], keys, values
+
+            self._fns[key] = mx.compile(run) if self.compile else run
+        return self._fns[key]
+
+    def tree_round(self, ids: mx.array, depth: mx.array, ancestors: mx.array, parent: mx.array, cache: list,
+                   offset: mx.array, *, capacity: int, max_depth: int, taps: Sequence[int] = ()):
+        """A pipelined greedy tree round's verify with nothing read on the host: the tree's rows
+        (row 0 the pending token, `parent` each row's parent row, 0 for the root) fed at `offset`
+        (an array), the longest path the target's argmax agrees with found, its rows' keys and
+        values moved to follow the cache at `offset`. Returns the verdict [accepted n, next token,
+        the path's max_depth tokens (the first n are the accepted drafts)] and the taps of the
+        path's max_depth + 1 rows, for the head's context (rows past the path are the root's: the
+        next round overwrites them). `capacity` bounds offset + rows, for growing the buffers."""
+        for c in cache:
+            c.ensure(capacity)
+        fn = self._tree_round_fn(tuple(taps), max_depth)
+        verdict, tap_rows, keys, values = fn(ids, [c.keys for c in cache], [c.values for c in cache], offset,
+                                             depth, ancestors, parent)
+        for c, k, v in zip(cache, keys, values):
+            c.keys, c.values = k, v
+        return verdict, dict(zip(taps, tap_rows))
 
     def tree(self, ids: mx.array, depth: mx.array, ancestors: mx.array, cache: list, taps: Sequence[int] = ()):
         """A draft tree's rows after the cache (Target.forward_tree's contract): row i at position

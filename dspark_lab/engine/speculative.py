@@ -105,7 +105,8 @@ def speculative_generate(
     `tree_nodes=N` (DSpark heads without a Markov term): each round verifies a tree of the head's
     N likeliest drafts, at most `max_draft_tokens` deep, instead of one chain (engine/tree.py),
     with a long n-gram match's continuation grafted on as one more path unless lookup_drafts is
-    False; not with pipeline or confidence truncation."""
+    False; not with confidence truncation. With `pipeline` (greedy, fixed cap, no lookup drafts)
+    the tree is chosen and verified on the device, one round in flight (engine/tree_pipeline.py)."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     limit = drafter.config.max_drafts
     if cap_controller is None and not 1 <= max_draft_tokens <= limit:
@@ -123,11 +124,23 @@ def speculative_generate(
 
         if tree_nodes < 0:
             raise InputError(f"tree_nodes must be >= 0 (0: one chain of drafts a round), got {tree_nodes}.")
-        clash = [name for name, on in (("pipeline", pipeline), ("confidence_threshold", confidence_threshold > 0)) if on]
-        if clash:
-            raise InputError(f"tree_nodes cannot be combined with {', '.join(clash)}: a tree round reads the head's candidates "
-                             "on the host and keeps them all. Drop one of them.")
+        if confidence_threshold > 0:
+            raise InputError("tree_nodes cannot be combined with confidence_threshold: a tree keeps every candidate it "
+                             "verifies. Drop one of them.")
         check_tree(target, drafter)
+        if pipeline:
+            from .tree_pipeline import tree_pipelined_loop
+
+            why = [what for what, bad in (("sampling (temperature > 0)", not params.greedy),
+                                          ("a cap controller", cap_controller is not None),
+                                          ("lookup drafts", lookup_drafts is True)) if bad]
+            if why:
+                raise InputError(f"pipelined tree drafts are greedy, at a fixed cap, without lookup drafts; this run asks for "
+                                 f"{', '.join(why)}. Run the tree without pipeline (it does all of these), or drop them.")
+            check_pipeline(target, drafter)
+            return tree_pipelined_loop(target, prompt_ids, params, drafter, nodes=tree_nodes, max_new_tokens=max_new_tokens,
+                                       cap=max_draft_tokens, stream=TextStream(tokenizer, stop, on_text), on_round=on_round,
+                                       compile_draft=compile_draft)
         source = HeadTreeSource(drafter, lookup=lookup_drafts is not False)  # a match's continuation joins the tree
         return tree_loop(target, prompt_ids, params, source, nodes=tree_nodes,
                          max_new_tokens=max_new_tokens, cap=cap, stream=TextStream(tokenizer, stop, on_text), on_round=on_round)

@@ -447,12 +447,7 @@ class Target:
         if not can_compile(cache):
             raise InputError(f"tree drafts need plain KV caches; model_type {self.model_type!r} keeps recurrent, rotating or "
                              "quantized cache state (or kv_bits is set). Leave tree_nodes at 0 for it.")
-        if not self._tree_ropes:  # once per model: each layer's rope rotates tree rows at their depths
-            self._tree_ropes = self._rope_modules()
-            for rope in self._tree_ropes:
-                if type(rope) not in _TREE_ROPE_CLASSES.values():
-                    rope.__class__ = _tree_rope_class(type(rope))
-                rope._dspark_recorder = self._recorder
+        self._install_tree_ropes()
         start = cache[0].offset
         if self.tree_compiled:
             w = max(n, width or n)
@@ -476,6 +471,24 @@ class Target:
         finally:
             outs, rec.outputs, rec.wanted, rec.positions = rec.outputs, {}, frozenset(), None
         return ForwardOut(self._logits(hidden[0]), {t: outs[t][0] for t in taps})
+
+    def _install_tree_ropes(self) -> None:
+        """Once per model: each layer's rope rotates a tree's rows at their depths (a subclass)."""
+        if not self._tree_ropes:
+            self._tree_ropes = self._rope_modules()
+            for rope in self._tree_ropes:
+                if type(rope) not in _TREE_ROPE_CLASSES.values():
+                    rope.__class__ = _tree_rope_class(type(rope))
+                rope._dspark_recorder = self._recorder
+
+    def tree_round_at(self, ids: mx.array, depth: mx.array, ancestors: mx.array, parent: mx.array, cache: list,
+                      offset: mx.array, *, capacity: int, max_depth: int, taps: Sequence[int] = ()):
+        """The pipelined tree loop's verify (engine/tree_pipeline.py), greedy, compiled, nothing read on the
+        host: feed the tree at `offset` (an array), keep the longest path the target agrees with
+        in place. -> (verdict [n, next, path tokens], path rows' taps): compiled.OffsetForward.tree_round."""
+        self._install_tree_ropes()
+        return self._at_offset[True].tree_round(ids, depth, ancestors, parent, cache, offset, capacity=capacity,
+                                                max_depth=max_depth, taps=taps)
 
     @staticmethod
     def keep_tree_path(cache: list, path: Sequence[int], rows: int) -> None:

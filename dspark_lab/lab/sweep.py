@@ -29,7 +29,7 @@ from ..engine.names import AS_LOADED, DEQUANTIZED, split_variant
 from ..errors import DsparkError, InputError, LoadError
 from ..schemas.records import Run, Trial, utcnow
 
-MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dspark-tree", "dflash", "draft", "draft-pipe", "mlx-lm")
+MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dspark-tree", "dspark-tree-pipe", "dflash", "draft", "draft-pipe", "mlx-lm")
 # mlx-lm: mlx-lm's own decoder on the same model (engine/reference.py), one trial per prompt beside
 # the baseline: its "speedup" is mlx-lm's rate over our greedy's, measured side by side.
 REFERENCE_MODES = ("mlx-lm",)
@@ -39,12 +39,15 @@ NON_DRAFTING_MODES = ("baseline", *REFERENCE_MODES)
 # The copy a run's bandwidth is measured with (lab/bandwidth.py): on a GPU well past its caches
 # (an H200's L2 is 50 MB); on a CPU 64 MiB gives the same figure as 1 GiB in a tenth of the time.
 BANDWIDTH_MIB = {"gpu": 1024, "cpu": 64}
-HEAD_MODES = ("dspark", "dspark-pipe", "dspark-tree", "dflash")  # modes that need a drafter head
+HEAD_MODES = ("dspark", "dspark-pipe", "dspark-tree", "dspark-tree-pipe", "dflash")  # modes that need a drafter head
+TREE_MODES = ("dspark-tree", "dspark-tree-pipe")  # head modes that verify trees (tree_nodes; fixed caps only)
 # dspark-pipe: a DSpark head through the pipelined loop (engine/pipeline.py), head drafts only
 # unless the grid sets pipe_lookup (device-side lookup drafts) or compile_draft; draft-pipe: a
 # draft model through the same loop. dspark-tree: a DSpark head without a Markov term verifying a
 # tree of its `tree_nodes` likeliest drafts a round (engine/tree.py); at fixed caps only (the cap
-# controller's cost curves are the chain's), so its "auto" arms are not planned.
+# controller's cost curves are the chain's), so its "auto" arms are not planned. dspark-tree-pipe:
+# the same trees chosen and verified on the device, one round in flight (engine/tree_pipeline.py;
+# the grid's compile_draft applies to it too).
 DRAFT_MODES = ("draft", "draft-pipe")  # modes that need a draft model
 AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size (lookup, a draft model)
 # A sweep's precisions: each model also runs stored another way, made on load (no second download):
@@ -112,7 +115,7 @@ class SweepConfig:
         for name in ("pipe_lookup", "compile_draft"):
             if not fields[name]:
                 del fields[name]  # and before these
-        if "dspark-tree" not in self.modes:
+        if not set(TREE_MODES) & set(self.modes):
             del fields["tree_nodes"]  # a grid without tree arms keeps the key it had before them
         if fields["precisions"] == [AS_LOADED]:
             del fields["precisions"]
@@ -186,7 +189,7 @@ def plan_arms(cfg: SweepConfig, model_id: str, usable: list[tuple[str, str]]) ->
     for cap in cfg.caps:
         if "lookup" in cfg.modes:
             arms.append(Arm(model_id, "lookup", cap))
-        arms += [Arm(model_id, mode, cap, d) for mode, d in usable if mode in cfg.modes and not (mode == "dspark-tree" and cap == "auto")]
+        arms += [Arm(model_id, mode, cap, d) for mode, d in usable if mode in cfg.modes and not (mode in TREE_MODES and cap == "auto")]
     return arms
 
 
@@ -265,7 +268,7 @@ def run_sweep(
     _check_paths(cfg)
     engine = open_db(db_path)
     pipe_options = {k: True for k in ("pipe_lookup", "compile_draft") if getattr(cfg, k)}
-    if "dspark-tree" in cfg.modes:
+    if set(TREE_MODES) & set(cfg.modes):
         pipe_options["tree_nodes"] = cfg.tree_nodes
     stamp = collect_device_stamp({"drafter_bits": cfg.drafter_bits, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
                                   **({"launch_every": cfg.launch_every} if cfg.launch_every else {}), **pipe_options})
@@ -380,22 +383,24 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
     else:
         target.launch_every = cfg.launch_every
     drafters = {}  # (mode, drafter id) -> loaded head
-    loaders = {"dspark": load_dspark, "dspark-pipe": load_dspark, "dspark-tree": load_dspark, "dflash": load_dflash}
+    loaders = {"dspark": load_dspark, "dspark-pipe": load_dspark, "dspark-tree": load_dspark, "dspark-tree-pipe": load_dspark,
+               "dflash": load_dflash}
     modes = [m for m in HEAD_MODES if m in cfg.modes]
-    if "dspark-pipe" in modes:
-        try:
-            check_pipeline_target(target)
-        except DsparkError as e:
-            say(f"skipping mode dspark-pipe for {model_id}: {e}")
-            modes.remove("dspark-pipe")
+    for piped in ("dspark-pipe", "dspark-tree-pipe"):
+        if piped in modes:
+            try:
+                check_pipeline_target(target)
+            except DsparkError as e:
+                say(f"skipping mode {piped} for {model_id}: {e}")
+                modes.remove(piped)
     for mode in modes:
         for d in cfg.drafters:
             try:
-                if mode in ("dspark-pipe", "dspark-tree") and ("dspark", d) in drafters:
+                if mode in ("dspark-pipe", *TREE_MODES) and ("dspark", d) in drafters:
                     drafters[(mode, d)] = drafters[("dspark", d)]  # the same head; each generation resets its state
                 else:
                     drafters[(mode, d)] = loaders[mode](d, target, bits=cfg.drafter_bits)
-                if mode == "dspark-tree":
+                if mode in TREE_MODES:
                     check_tree(target, drafters[(mode, d)])
             except DsparkError as e:  # a head of the other kind, or for another model in a multi-model grid; one with a Markov term
                 drafters.pop((mode, d), None)
@@ -458,6 +463,8 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
         """The loop a head arm runs: plain, or pipelined with the grid's dspark-pipe options."""
         if mode == "dspark-tree":
             return {"pipeline": False, "tree_nodes": cfg.tree_nodes}
+        if mode == "dspark-tree-pipe":
+            return {"pipeline": True, "tree_nodes": cfg.tree_nodes, "compile_draft": cfg.compile_draft}
         if mode != "dspark-pipe":
             return {"pipeline": False}
         return {"pipeline": True, "lookup_drafts": cfg.pipe_lookup, "compile_draft": cfg.compile_draft}

@@ -72,9 +72,9 @@ def _loop_options(runs: pl.DataFrame, run_ids: list[str], mode: str) -> dict:
     """The options the arm's loop ran with, which a caller must repeat to get the measured speed:
     for dspark-pipe, device-side lookup drafts and the compiled draft (the sweep's --pipe-lookup
     and --compile-draft, as speculative_generate's lookup_drafts and compile_draft); for
-    dspark-tree, the tree's size (tree_nodes). Only those every run agrees on; empty for the
-    other modes."""
-    if mode not in ("dspark-pipe", "dspark-tree"):
+    dspark-tree, the tree's size (tree_nodes); for dspark-tree-pipe both its size and the compiled
+    draft. Only those every run agrees on; empty for the other modes."""
+    if mode not in ("dspark-pipe", "dspark-tree", "dspark-tree-pipe"):
         return {}
     configs = []
     for r in runs.filter(pl.col("id").is_in(run_ids)).to_dicts():
@@ -84,6 +84,9 @@ def _loop_options(runs: pl.DataFrame, run_ids: list[str], mode: str) -> dict:
             return {}
     if mode == "dspark-tree":
         seen = {"tree_nodes": {c.get("tree_nodes", 16) for c in configs}}
+    elif mode == "dspark-tree-pipe":
+        seen = {"tree_nodes": {c.get("tree_nodes", 16) for c in configs},
+                "compile_draft": {bool(c.get("compile_draft")) for c in configs}}
     else:
         seen = {"lookup_drafts": {bool(c.get("pipe_lookup")) for c in configs},
                 "compile_draft": {bool(c.get("compile_draft")) for c in configs}}

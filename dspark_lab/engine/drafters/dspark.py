@@ -353,8 +353,33 @@ class DSparkDrafter(ContextDrafter):
             if rows is not None:
                 self.append_context_at(rows, rows_at)
             return self.draft(pending, cap, params, at=at)
+        (tokens,) = self._step_at(("chain", cap), rows, rows_at, pending, at,
+                                  lambda p, a: (self.draft(p, cap, params, at=a).tokens,))
+        return BlockOut(tokens, None, None)
+
+    def draft_top_at(self, rows: dict[int, mx.array] | None, rows_at: mx.array | None, pending: mx.array, cap: int, k: int,
+                     at: mx.array, *, compiled: bool = False) -> tuple[mx.array, mx.array]:
+        """The pipelined tree loop's drafting: `append_context_at(rows, rows_at)`, then the head's
+        k best candidates at each of `cap` positions after `pending`, the block placed at `at`
+        (draft_top's result, lazy). `compiled`: one trace per round, as draft_step_at."""
+        def top(p, a):
+            c = self.config
+            h = self.hidden(p, c.block_size, a)[c.logits_start : c.logits_start + cap]
+            ids, logp = top_k_logprobs(self.vocab_logits(h), k)
+            return self._to_target_ids(ids.astype(mx.uint32)), logp
+
+        if not compiled:
+            if rows is not None:
+                self.append_context_at(rows, rows_at)
+            return top(pending, at)
+        return self._step_at(("top", cap, k), rows, rows_at, pending, at, top)
+
+    def _step_at(self, key: tuple, rows: dict[int, mx.array] | None, rows_at: mx.array | None, pending: mx.array,
+                 at: mx.array, draw) -> tuple:
+        """`append_context_at(rows, rows_at)` then `draw(pending, at)` (-> a tuple of arrays) as one
+        compiled trace, kept per `key` (which must name everything `draw` depends on) and taps."""
         taps = tuple(sorted(rows)) if rows is not None else ()
-        key = (cap, taps)
+        key = (key, taps)
         if key not in self._compiled_steps:
 
             def step(keys, values, pending, at, rows_at, row_arrays):
@@ -362,17 +387,16 @@ class DSparkDrafter(ContextDrafter):
                     cache.keys, cache.values = k, v
                 if taps:
                     self.append_context_at(dict(zip(taps, row_arrays)), rows_at)
-                out = self.draft(pending, cap, params, at=at)
-                return out.tokens, [c.keys for c in self.caches], [c.values for c in self.caches]
+                return list(draw(pending, at)), [c.keys for c in self.caches], [c.values for c in self.caches]
 
             self._compiled_steps[key] = mx.compile(step)
         no_rows = mx.array(0, dtype=mx.int32)
-        tokens, keys, values = self._compiled_steps[key](
+        out, keys, values = self._compiled_steps[key](
             [c.keys for c in self.caches], [c.values for c in self.caches], pending, at,
             rows_at if rows is not None else no_rows, [rows[t] for t in taps])
         for cache, k, v in zip(self.caches, keys, values):
             cache.keys, cache.values = k, v
-        return BlockOut(tokens, None, None)
+        return tuple(out)
 
     def _to_target_ids(self, tok: mx.array) -> mx.array:
         if self.config.draft_vocab_size:

@@ -1,0 +1,183 @@
+"""Tree drafts in the pipelined loop: the host builds round r+1 while the device computes round r.
+
+The plain tree loop (engine/tree.py) reads the host twice a round: the head's candidates, to
+choose the tree, and the verdict. On the H200 the pipelined chain (engine/pipeline.py), which
+reads nothing inside a round, ran 1.3-1.6x faster than the plain chain loop; a tree loop that
+waits twice would give much of its longer accepts back. Here the whole round stays on the device:
+
+- The tree is chosen on the device. For a head without a Markov term a path's score is the sum
+  of its positions' log-probabilities, so the best N-node tree is the N best-scoring rank paths
+  (a prefix never scores below its extensions, nor a path below one with smaller ranks, so the
+  N best are a tree). A path can be among the N best only if the paths it cannot beat number N
+  or fewer: its prefixes and the paths with smaller ranks (`superset_paths`, about 250 paths
+  for N = 16 at depth 7). Each round scores that fixed superset in one matmul and takes the best
+  N: the same tree as the host's best-first search (engine/tree.best_paths), up to ties.
+- The verdict is found on the device (greedy): a row is kept when it and all its ancestors carry
+  the target's argmax at their parents; the deepest kept row ends the path; the path's keys and
+  values move into place at an array offset (Target.tree_round_at, one compiled trace).
+- The head's context gains the path's tapped rows at that offset, in the next round's compiled
+  draft (DSparkDrafter.draft_top_at).
+
+The host reads each verdict one round late, to stream the text and stop. Greedy only (sampling
+walks the tree with random draws per candidate: the plain tree loop does it); no lookup paths
+(a match's continuation would need the committed text on the device, as pipeline.DeviceLookup
+keeps it, and a graft there); fixed caps only (the shapes must not change between rounds).
+Output: the target's greedy tokens, as every loop (tests compare ids).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import mlx.core as mx
+import numpy as np
+
+from .generate import GenResult, _Clock
+from .sampling import SamplingParams, pick_token
+from .target import Target
+from .text import TextStream
+from .tree import TREE_TOP_K, TreeLayout
+
+# Ties between a path and one it must not outrank (equal log-probabilities, e.g. a head certain
+# to float precision) are broken by this much per rank step and per depth: a prefix, and a path
+# with smaller ranks, always score strictly higher, so the chosen rows always form a tree.
+TIE_BREAK = 1e-4
+# Log-probabilities are clipped here first, so -inf never makes two paths equal.
+LOGP_FLOOR = -1e4
+
+
+def superset_paths(nodes: int, depth: int, k: int) -> list[tuple[int, ...]]:
+    """Every rank path (ranks < k, at most `depth` long) that can be among a tree's `nodes` best:
+    those whose prefixes and smaller-ranked variants number at most `nodes` (itself included)."""
+    out: list[tuple[int, ...]] = []
+
+    def extend(path: tuple[int, ...], beaten_by: int, variants: int) -> None:
+        for r in range(k):
+            v = variants * (r + 1)  # paths of this length whose ranks are all <= this one's
+            if beaten_by + v > nodes:
+                break  # a larger rank here only adds more
+            out.append(path + (r,))
+            if len(path) + 1 < depth:
+                extend(path + (r,), beaten_by + v, v)
+
+    extend((), 0, 1)
+    return out
+
+
+class DeviceTree:
+    """A run's superset of rank paths, and each round's choice of its `nodes` best on the device."""
+
+    def __init__(self, nodes: int, depth: int, k: int = TREE_TOP_K):
+        layout = TreeLayout.from_paths(superset_paths(nodes, depth, k))
+        anc = layout.ancestors()[1:, 1:]  # (S, S): each superset node's ancestors below the root, itself included
+        self.nodes, self.depth = min(nodes, len(layout) - 1), depth
+        self.width = self.nodes + 1  # the verify's rows: the pending token, then the chosen nodes
+        self._depth = mx.array(layout.depth[1:], dtype=mx.int32)
+        self._rank = mx.array(layout.rank[1:], dtype=mx.int32)
+        self._parent = mx.array([p - 1 for p in layout.parent[1:]], dtype=mx.int32)  # -1: the root
+        self._anc = mx.array(anc)
+        penalty = anc.astype(np.float32) @ (np.array(layout.rank[1:], dtype=np.float32) + 1.0)
+        self._anc_f = mx.array(anc.astype(np.float32))
+        self._penalty = mx.array(TIE_BREAK * penalty)
+
+    def choose(self, pending: mx.array, top: mx.array, logp: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+        """From the head's (depth, k) candidates and log-probabilities: the tree's rows (ids: the
+        pending token, then the chosen nodes in breadth-first order), each row's depth, its
+        ancestors (rows x rows, itself included) and its parent row (0 for the root). Lazy."""
+        node_logp = mx.maximum(logp[self._depth - 1, self._rank], LOGP_FLOOR)
+        score = self._anc_f @ node_logp - self._penalty
+        chosen = mx.sort(mx.argsort(-score)[: self.nodes])  # ascending: parents before children
+        ids = mx.concatenate([pending.reshape(1), top[self._depth[chosen] - 1, self._rank[chosen]].astype(mx.uint32)])
+        depth = mx.concatenate([mx.zeros((1,), dtype=mx.int32), self._depth[chosen]])
+        sub = self._anc[chosen][:, chosen]
+        n = self.nodes
+        ancestors = mx.concatenate([mx.ones((n + 1, 1), dtype=mx.bool_),
+                                    mx.concatenate([mx.zeros((1, n), dtype=mx.bool_), sub], axis=0)], axis=1)
+        # Each chosen node's parent as a row of this tree: the superset parent's place among the chosen, plus the root row.
+        row_of = mx.zeros((self._depth.shape[0],), dtype=mx.int32).at[chosen].add(mx.arange(1, n + 1, dtype=mx.int32))
+        parent_superset = self._parent[chosen]
+        parent = mx.where(parent_superset < 0, 0, row_of[mx.maximum(parent_superset, 0)])
+        return ids, depth, ancestors, mx.concatenate([mx.zeros((1,), dtype=mx.int32), parent])
+
+
+def tree_pipelined_loop(
+    target: Target,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    drafter,
+    *,
+    nodes: int,
+    max_new_tokens: int,
+    cap: int,
+    stream: TextStream,
+    compile_draft: bool = True,
+    on_round=None,
+) -> GenResult:
+    """Greedy tree drafts of `nodes` nodes at most `cap` deep, one round always in flight (see the
+    module doc). `compile_draft`: the head's context append and candidates in one compiled trace."""
+    if not params.greedy:
+        raise ValueError("tree_pipelined_loop is greedy only")
+    clock = _Clock()
+    cache = target.make_cache()
+    taps = drafter.target_layer_ids
+    prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, taps=taps, last_only=True)
+    first = pick_token(prefill.logits[-1], params)
+    drafter.reset()
+    drafter.append_context(prefill.taps)
+    first_token = first.item()
+    clock.first_token()
+    done = stream.add([first_token])
+    produced, accepts, drafted, reads, forwards = 1, [], [], 1, 1
+
+    depth = max(1, min(cap, drafter.config.max_drafts))
+    tree = DeviceTree(nodes, depth)
+    pending = mx.array([first_token], dtype=mx.uint32)
+    offset = mx.array(len(prompt_ids), dtype=mx.int32)  # target cache length == head context length
+    rows, rows_at = None, None  # the previous round's kept path's tapped rows, and where they go in the head's context
+    known_len = len(prompt_ids)
+    in_flight: deque = deque()  # (verdict, built)
+    last_read = time.perf_counter()
+
+    def build() -> None:
+        nonlocal pending, offset, rows, rows_at, forwards
+        # Upper bound of the cache length after this round's writes: each round in flight keeps at most depth + 1 rows.
+        bound = known_len + (depth + 1) * len(in_flight) + tree.width + depth + 1
+        drafter.ensure_capacity(bound + drafter.config.block_size)
+        top, logp = drafter.draft_top_at(rows, rows_at, pending, depth, TREE_TOP_K, offset, compiled=compile_draft)
+        ids, row_depth, ancestors, parent = tree.choose(pending, top, logp)
+        verdict, rows = target.tree_round_at(ids, row_depth, ancestors, parent, cache, offset, capacity=bound,
+                                             max_depth=depth, taps=taps)
+        rows_at = offset
+        offset = offset + verdict[0] + 1
+        pending = verdict[1:2].astype(mx.uint32)
+        mx.async_eval(verdict, offset, pending)
+        forwards += 1
+        in_flight.append((verdict, time.perf_counter()))
+
+    if not done:
+        build()
+    while not done:
+        if produced + len(in_flight) < max_new_tokens:
+            build()
+        verdict, built = in_flight.popleft()
+        read = verdict.tolist()  # round r's verdict, read while round r+1 computes
+        reads += 1
+        now = time.perf_counter()
+        seconds, last_read = now - max(built, last_read), now
+        n, nxt = read[0], read[1]
+        known_len += n + 1
+        new = (read[2 : 2 + n] + [nxt])[: max_new_tokens - produced]
+        accepts.append(len(new))
+        drafted.append(tree.nodes)
+        produced += len(new)
+        done = stream.add(new)
+        if on_round is not None:
+            on_round(tree.nodes, len(new), seconds)
+        if not done and produced >= max_new_tokens:
+            stream.finish("length")
+            done = True
+    result = clock.result(stream, prompt_tokens=len(prompt_ids), rounds=len(accepts), forwards=forwards,
+                          accepts=accepts, drafts=drafted, mode="dspark-tree")
+    result.host_reads = reads
+    return result
