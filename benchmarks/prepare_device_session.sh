@@ -50,7 +50,8 @@ if [ "$name" = trees ]; then
   bash benchmarks/ship_parts.sh data -C "$work/trees" heads
   bash benchmarks/ship_parts.sh qwen15 -C "$models" qwen2.5-coder-1.5b-q4-bfloat16
   bash benchmarks/ship_parts.sh qwen05 -C "$models" qwen2.5-coder-0.5b-q4-bfloat16
-  echo "ready: ship .device/mlx, .device/data, .device/qwen15 and .device/qwen05 part by part (one device call each);"
+  echo "ready: ship .device/mlx, .device/data, .device/qwen15 and .device/qwen05 part by part (one device call each;"
+  echo "the first call alone, to start a machine: a batch sent before one answers is refused call by call, each costing device time);"
   echo "then OUT=\$OUT bash benchmarks/h200_trees.sh qwen15 (one call) and qwen05 (another); 'slim_checkout.sh off' after the last call"
   exit 0
 fi
@@ -82,5 +83,6 @@ bash benchmarks/ship_parts.sh --recut mlx  # mlx-kit's parts are cut for a full 
 bash benchmarks/ship_parts.sh data -C "$work/data" $(cd "$work/data" && ls)
 bash benchmarks/ship_parts.sh "$name" -C "$models" "$model-q4-bfloat16"
 [ -d "$work/data/head" ] && echo "the committed head travels with the data: continue it with INIT=/root/ship/data/head"
-echo "ready: ship .device/mlx, .device/data and .device/$name part by part (one device call each);"
+echo "ready: ship .device/mlx, .device/data and .device/$name part by part (one device call each;"
+echo "the first call alone, to start a machine: a batch sent before one answers is refused call by call, each costing device time);"
 echo "the data lands in /root/ship/data/, the model in /root/ship/$name/$model-q4-bfloat16; 'slim_checkout.sh off' after the last call"
