@@ -41,6 +41,76 @@ from .target import Target
 from .text import TextStream
 
 
+class InFlight:
+    """The host's side of a pipelined loop: the prefill, the rounds launched and not yet read, and
+    reading each verdict one round late ([accepted n, next token, the drafts the n come from, ...])
+    to stream the text and stop. Shared by the chain's loop and the tree's (engine/tree_pipeline.py)."""
+
+    def __init__(self, target: Target, prompt_ids: list[int], params: SamplingParams, drafter, *, max_new_tokens: int,
+                 stream: TextStream, on_round: Callable[[int, int, float], None] | None):
+        self.clock, self.stream, self.on_round, self.max_new_tokens = _Clock(), stream, on_round, max_new_tokens
+        self.cache = target.make_cache()
+        prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), self.cache, taps=drafter.target_layer_ids, last_only=True)
+        first = pick_token(prefill.logits[-1], params)
+        drafter.reset()
+        drafter.append_context(prefill.taps)
+        self.first_token = first.item()
+        self.clock.first_token()
+        self.done = stream.add([self.first_token])
+        self.produced, self.accepts, self.drafted, self.reads, self.forwards = 1, [], [], 1, 1
+        self.known_len = len(prompt_ids)  # the cache length after the last round read on the host
+        self.rounds: deque = deque()  # (verdict, drafted, built)
+        self.last_read = time.perf_counter()
+
+    def launch(self, verdict: mx.array, drafted: int) -> None:
+        """A round built (its verdict lazy, already handed to the device)."""
+        self.forwards += 1
+        self.rounds.append((verdict, drafted, time.perf_counter()))
+
+    def drive(self, build: Callable[[], None], prompt_tokens: int, mode: str) -> GenResult:
+        """Keep one round in flight: build round r+1 (`build` launches it), then read round r."""
+        if not self.done:
+            build()
+        while not self.done:
+            # Unless the rounds in flight (each commits at least one token) may already finish the job.
+            if self.produced + len(self.rounds) < self.max_new_tokens:
+                build()
+            self.read()  # round r's verdict, read while round r+1 computes
+        return self.result(prompt_tokens, mode)
+
+    def most_rows(self) -> int:
+        """An upper bound of the rows the rounds in flight commit (each at most its drafts + 1)."""
+        return sum(d + 1 for _, d, _ in self.rounds)
+
+    def read(self) -> None:
+        """Read the oldest round's verdict (while the next one computes) and commit its tokens."""
+        verdict, k, built = self.rounds.popleft()
+        read = verdict.tolist()
+        self.reads += 1
+        # A round's cost is the time between verdicts (rounds overlap, so build-to-read would
+        # count the previous round's computing too); the first round has no previous verdict.
+        now = time.perf_counter()
+        seconds, self.last_read = now - max(built, self.last_read), now
+        n, nxt = read[0], read[1]
+        self.known_len += n + 1
+        new = (read[2 : 2 + n] + [nxt])[: self.max_new_tokens - self.produced]
+        self.accepts.append(len(new))
+        self.drafted.append(k)
+        self.produced += len(new)
+        self.done = self.stream.add(new)
+        if self.on_round is not None:
+            self.on_round(k, len(new), seconds)
+        if not self.done and self.produced >= self.max_new_tokens:
+            self.stream.finish("length")
+            self.done = True
+
+    def result(self, prompt_tokens: int, mode: str) -> GenResult:
+        result = self.clock.result(self.stream, prompt_tokens=prompt_tokens, rounds=len(self.accepts), forwards=self.forwards,
+                                   accepts=self.accepts, drafts=self.drafted, mode=mode)
+        result.host_reads = self.reads
+        return result
+
+
 def pipelined_loop(
     target: Target,
     prompt_ids: list[int],
@@ -61,32 +131,19 @@ def pipelined_loop(
     `lookup_n`: n-gram lengths for device-side lookup drafts, the longest matching one used (none: head alone).
     `compile_draft`: append the context and draft in one compiled trace (greedy; DSparkDrafter.draft_step_at).
     `lookup_kernel`: a custom kernel for the device-side lookup (see DeviceLookup)."""
-    clock = _Clock()
-    cache = target.make_cache()
-    taps = drafter.target_layer_ids
-    prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, taps=taps, last_only=True)
-    first = pick_token(prefill.logits[-1], params)
-    drafter.reset()
-    drafter.append_context(prefill.taps)
-    first_token = first.item()
-    clock.first_token()
-    done = stream.add([first_token])
-    produced, accepts, drafted, reads, forwards = 1, [], [], 1, 1
-
+    run = InFlight(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, stream=stream, on_round=on_round)
+    cache, taps = run.cache, drafter.target_layer_ids
     # Device-side state of the next round to build (lazy arrays after the first round).
-    pending = mx.array([first_token], dtype=mx.uint32)
+    pending = mx.array([run.first_token], dtype=mx.uint32)
     offset = mx.array(len(prompt_ids), dtype=mx.int32)  # target cache length == head context length
     rows, rows_at = None, None  # the previous round's tapped rows, and where they go in the head's context
-    known_len = len(prompt_ids)  # the cache length after the last round read on the host
-    in_flight: deque = deque()  # (payload, drafted, built)
     lookup = DeviceLookup(prompt_ids, lookup_n, kernel=lookup_kernel) if lookup_n else None
-    last_read = time.perf_counter()
 
     def build() -> None:
-        nonlocal pending, offset, rows, rows_at, forwards
+        nonlocal pending, offset, rows, rows_at
         k = max(0, min(cap() if callable(cap) else cap, drafter.config.max_drafts))
         # Upper bound of the cache length after this round: each round in flight adds at most its width.
-        bound = known_len + sum(d + 1 for _, d, _ in in_flight) + k + 1
+        bound = run.known_len + run.most_rows() + k + 1
         drafter.ensure_capacity(bound + drafter.config.block_size)
         if k:
             draft = drafter.draft_step_at(rows, rows_at, pending, k, params, offset, compiled=compile_draft)
@@ -103,39 +160,9 @@ def pipelined_loop(
         pending = verdict[1:].astype(mx.uint32)
         payload = mx.concatenate([verdict, drafts.astype(mx.int32)])
         mx.async_eval(payload, offset, pending)
-        forwards += 1
-        in_flight.append((payload, k, time.perf_counter()))
+        run.launch(payload, k)
 
-    if not done:
-        build()
-    while not done:
-        # Build round r+1 before reading round r, unless the rounds in flight (each commits at
-        # least one token) may already finish the job.
-        if produced + len(in_flight) < max_new_tokens:
-            build()
-        payload, k, built = in_flight.popleft()
-        read = payload.tolist()  # round r's verdict, read while round r+1 computes
-        reads += 1
-        # A round's cost is the time between verdicts (rounds overlap, so build-to-read would
-        # count the previous round's computing too); the first round has no previous verdict.
-        now = time.perf_counter()
-        seconds, last_read = now - max(built, last_read), now
-        n, nxt = read[0], read[1]
-        known_len += n + 1
-        new = (read[2 : 2 + n] + [nxt])[: max_new_tokens - produced]
-        accepts.append(len(new))
-        drafted.append(k)
-        produced += len(new)
-        done = stream.add(new)
-        if on_round is not None:
-            on_round(k, len(new), seconds)
-        if not done and produced >= max_new_tokens:
-            stream.finish("length")
-            done = True
-    result = clock.result(stream, prompt_tokens=len(prompt_ids), rounds=len(accepts), forwards=forwards,
-                          accepts=accepts, drafts=drafted, mode=mode)
-    result.host_reads = reads
-    return result
+    return run.drive(build, len(prompt_ids), mode)
 
 
 class DeviceLookup:

@@ -27,14 +27,12 @@ Output: the target's greedy tokens, as every loop (tests compare ids).
 
 from __future__ import annotations
 
-import time
-from collections import deque
-
 import mlx.core as mx
 import numpy as np
 
-from .generate import GenResult, _Clock
-from .sampling import SamplingParams, pick_token
+from .generate import GenResult
+from .pipeline import InFlight
+from .sampling import SamplingParams
 from .target import Target
 from .text import TextStream
 from .tree import TREE_TOP_K, TreeLayout
@@ -118,31 +116,19 @@ def tree_pipelined_loop(
     module doc). `compile_draft`: the head's context append and candidates in one compiled trace."""
     if not params.greedy:
         raise ValueError("tree_pipelined_loop is greedy only")
-    clock = _Clock()
-    cache = target.make_cache()
-    taps = drafter.target_layer_ids
-    prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), cache, taps=taps, last_only=True)
-    first = pick_token(prefill.logits[-1], params)
-    drafter.reset()
-    drafter.append_context(prefill.taps)
-    first_token = first.item()
-    clock.first_token()
-    done = stream.add([first_token])
-    produced, accepts, drafted, reads, forwards = 1, [], [], 1, 1
-
+    run = InFlight(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, stream=stream, on_round=on_round)
+    cache, taps = run.cache, drafter.target_layer_ids
     depth = max(1, min(cap, drafter.config.max_drafts))
     tree = DeviceTree(nodes, depth)
-    pending = mx.array([first_token], dtype=mx.uint32)
+    pending = mx.array([run.first_token], dtype=mx.uint32)
     offset = mx.array(len(prompt_ids), dtype=mx.int32)  # target cache length == head context length
     rows, rows_at = None, None  # the previous round's kept path's tapped rows, and where they go in the head's context
-    known_len = len(prompt_ids)
-    in_flight: deque = deque()  # (verdict, built)
-    last_read = time.perf_counter()
 
     def build() -> None:
-        nonlocal pending, offset, rows, rows_at, forwards
-        # Upper bound of the cache length after this round's writes: each round in flight keeps at most depth + 1 rows.
-        bound = known_len + (depth + 1) * len(in_flight) + tree.width + depth + 1
+        nonlocal pending, offset, rows, rows_at
+        # Upper bound of the cache length after this round's writes: the rounds in flight keep at
+        # most depth + 1 rows each, this one writes the tree's rows (and moves at most depth + 1).
+        bound = run.known_len + (depth + 1) * len(run.rounds) + max(tree.width, depth + 1)
         drafter.ensure_capacity(bound + drafter.config.block_size)
         top, logp = drafter.draft_top_at(rows, rows_at, pending, depth, TREE_TOP_K, offset, compiled=compile_draft)
         ids, row_depth, ancestors, parent = tree.choose(pending, top, logp)
@@ -152,32 +138,6 @@ def tree_pipelined_loop(
         offset = offset + verdict[0] + 1
         pending = verdict[1:2].astype(mx.uint32)
         mx.async_eval(verdict, offset, pending)
-        forwards += 1
-        in_flight.append((verdict, time.perf_counter()))
+        run.launch(verdict, tree.nodes)
 
-    if not done:
-        build()
-    while not done:
-        if produced + len(in_flight) < max_new_tokens:
-            build()
-        verdict, built = in_flight.popleft()
-        read = verdict.tolist()  # round r's verdict, read while round r+1 computes
-        reads += 1
-        now = time.perf_counter()
-        seconds, last_read = now - max(built, last_read), now
-        n, nxt = read[0], read[1]
-        known_len += n + 1
-        new = (read[2 : 2 + n] + [nxt])[: max_new_tokens - produced]
-        accepts.append(len(new))
-        drafted.append(tree.nodes)
-        produced += len(new)
-        done = stream.add(new)
-        if on_round is not None:
-            on_round(tree.nodes, len(new), seconds)
-        if not done and produced >= max_new_tokens:
-            stream.finish("length")
-            done = True
-    result = clock.result(stream, prompt_tokens=len(prompt_ids), rounds=len(accepts), forwards=forwards,
-                          accepts=accepts, drafts=drafted, mode="dspark-tree")
-    result.host_reads = reads
-    return result
+    return run.drive(build, len(prompt_ids), "dspark-tree")
