@@ -267,7 +267,7 @@ def test_a_tree_entry_keeps_its_tree_size(tmp_path):
     assert (entry["mode"], entry["cap"], entry["options"]) == ("dspark-tree", 3, {"tree_nodes": 24})
     engine = _pipe_db(tmp_path, "some/model", "some/head", {"tree_nodes": 24, "compile_draft": True}, mode="dspark-tree-pipe")
     [entry] = build_registry(engine)["pairs"]
-    assert (entry["mode"], entry["options"]) == ("dspark-tree-pipe", {"tree_nodes": 24, "compile_draft": True})
+    assert (entry["mode"], entry["options"]) == ("dspark-tree-pipe", {"tree_nodes": 24, "lookup_drafts": False, "compile_draft": True})
 
 
 def test_a_precision_gets_its_own_entry_and_load_pair_takes_the_one_the_model_is_stored_at(tmp_path):

@@ -157,12 +157,30 @@ def test_pipelined_trees_are_lossless_greedy(qwen3, greedy_refs, tiny_dirs, tmp_
         assert r.token_ids == greedy_refs[p]
 
 
-@pytest.mark.parametrize("ask,match", [(dict(temperature=0.8), "sampling"), (dict(lookup_drafts=True), "lookup drafts")])
+@pytest.mark.parametrize("ask,match", [(dict(temperature=0.8), "sampling"), (dict(lookup_drafts=True, lookup_kernel=True), "lookup kernel")])
 def test_pipelined_trees_refuse_what_they_cannot_do(qwen3, tiny_dirs, tmp_path, ask, match):
     target, tok = qwen3
     drafter = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0), target)
     with pytest.raises(InputError, match=match):
         speculative_generate(target, tok, drafter, PROMPTS[0], max_new_tokens=8, max_draft_tokens=4, tree_nodes=8, pipeline=True, **ask)
+
+
+def test_a_lookup_branch_joins_the_pipelined_tree(qwen3, greedy_refs, tiny_dirs, tmp_path):
+    """With lookup drafts the match's continuation joins each tree as a chain below the root: on
+    repetitive prompts it carries most of what is accepted (the random head accepts little), and
+    the output stays the greedy tokens."""
+    target, tok = qwen3
+    drafter = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0), target)
+    with_lookup = without = 0
+    for p in REPETITIVE:
+        on = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, tree_nodes=6, pipeline=True,
+                                  lookup_drafts=True)
+        off = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, tree_nodes=6, pipeline=True)
+        assert on.token_ids == off.token_ids == greedy_refs[p], p
+        assert set(on.draft_lengths) == {6 + 4} and set(off.draft_lengths) == {6}
+        with_lookup += on.num_tokens / on.num_rounds
+        without += off.num_tokens / off.num_rounds
+    assert with_lookup > without
 
 
 def test_superset_sizes_grow_with_the_tree_not_the_paths():

@@ -134,12 +134,13 @@ class OffsetForward:
         key = ("tree-round", taps, max_depth)
         if key not in self._fns:
 
-            def run(ids, keys, values, offset, depth, ancestors, parent):
+            def run(ids, keys, values, offset, depth, ancestors, parent, allowed):
                 logits, tap_rows, keys, values = self._tree_forward(taps, ids, keys, values, offset, depth, ancestors)
                 best = mx.argmax(logits, axis=-1).astype(mx.uint32)
-                # A row is accepted when its token is the target's choice at its parent, and kept
-                # when it and all its ancestors are: keep the deepest such row (the root if none).
-                agree = (ids == best[parent]) | (mx.arange(ids.shape[0]) == 0)
+                # A row is accepted when its token is the target's choice at its parent (and it is
+                # allowed: a lookup branch's rows past its match are not), and kept when it and all
+                # its ancestors are: keep the deepest such row (the root if none).
+                agree = ((ids == best[parent]) & allowed) | (mx.arange(ids.shape[0]) == 0)
                 kept = (ancestors.astype(mx.float32) @ (~agree).astype(mx.float32)) == 0
                 end = mx.argmax(mx.where(kept, depth, -1))
                 on_path = ancestors[end][None] & (depth[None] == mx.arange(max_depth + 1)[:, None])
@@ -154,11 +155,11 @@ class OffsetForward:
             self._fns[key] = mx.compile(run) if self.compile else run
         return self._fns[key]
 
-    def tree_round(self, ids: mx.array, depth: mx.array, ancestors: mx.array, parent: mx.array, cache: list,
+    def tree_round(self, ids: mx.array, depth: mx.array, ancestors: mx.array, parent: mx.array, allowed: mx.array, cache: list,
                    offset: mx.array, *, capacity: int, max_depth: int, taps: Sequence[int] = ()):
         """A pipelined greedy tree round's verify with nothing read on the host: the tree's rows
-        (row 0 the pending token, `parent` each row's parent row, 0 for the root) fed at `offset`
-        (an array), the longest path the target's argmax agrees with found, its rows' keys and
+        (row 0 the pending token, `parent` each row's parent row, 0 for the root; rows not `allowed`
+        are never accepted) fed at `offset` (an array), the longest path the target's argmax agrees with found, its rows' keys and
         values moved to follow the cache at `offset`. Returns the verdict [accepted n, next token,
         the path's max_depth tokens (the first n are the accepted drafts)] and the taps of the
         path's max_depth + 1 rows, for the head's context (rows past the path are the root's: the
@@ -167,7 +168,7 @@ class OffsetForward:
             c.ensure(capacity)
         fn = self._tree_round_fn(tuple(taps), max_depth)
         verdict, tap_rows, keys, values = fn(ids, [c.keys for c in cache], [c.values for c in cache], offset,
-                                             depth, ancestors, parent)
+                                             depth, ancestors, parent, allowed)
         for c, k, v in zip(cache, keys, values):
             c.keys, c.values = k, v
         return verdict, dict(zip(taps, tap_rows))

@@ -229,6 +229,17 @@ class DeviceLookup:
         pos = best + mx.arange(k, dtype=mx.int32)
         return self.tokens[mx.clip(pos, 0, size - 1)], (best >= 0) & (pos <= at)
 
+    def propose_after(self, pending: mx.array, at: mx.array, k: int, bound: int) -> tuple[mx.array, mx.array]:
+        """Record the pending token at `at` and propose k tokens after it (a tree's lookup branch,
+        engine/tree_pipeline.py); `record` then writes the tokens the round kept after it."""
+        self._ensure(bound + 1)
+        self._write(pending.astype(mx.uint32), at)
+        return self.propose(at, k)
+
+    def record(self, ids: mx.array, at: mx.array) -> None:
+        """Write tokens from `at` on (lazy): a round's kept drafts, the first past them overwritten next round."""
+        self._write(ids.astype(mx.uint32), at)
+
     def overlay(self, pending: mx.array, at: mx.array, drafts: mx.array, probs: mx.array | None, bound: int):
         """Record the pending token at `at`, put the lookup's tokens over the head's drafts where
         it has some (a one-hot drafter distribution there, for speculative sampling), and record

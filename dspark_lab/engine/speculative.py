@@ -105,8 +105,9 @@ def speculative_generate(
     `tree_nodes=N` (DSpark heads without a Markov term): each round verifies a tree of the head's
     N likeliest drafts, at most `max_draft_tokens` deep, instead of one chain (engine/tree.py),
     with a long n-gram match's continuation grafted on as one more path unless lookup_drafts is
-    False; not with confidence truncation. With `pipeline` (greedy, fixed cap, no lookup drafts)
-    the tree is chosen and verified on the device, one round in flight (engine/tree_pipeline.py)."""
+    False; not with confidence truncation. With `pipeline` (greedy, fixed cap) the tree is chosen
+    and verified on the device, one round in flight (engine/tree_pipeline.py); there lookup drafts
+    are off unless lookup_drafts=True, and then matched on the device."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     limit = drafter.config.max_drafts
     if cap_controller is None and not 1 <= max_draft_tokens <= limit:
@@ -133,14 +134,16 @@ def speculative_generate(
 
             why = [what for what, bad in (("sampling (temperature > 0)", not params.greedy),
                                           ("a cap controller", cap_controller is not None),
-                                          ("lookup drafts", lookup_drafts is True)) if bad]
+                                          ("the lookup kernel", lookup_kernel)) if bad]
             if why:
-                raise InputError(f"pipelined tree drafts are greedy, at a fixed cap, without lookup drafts; this run asks for "
-                                 f"{', '.join(why)}. Run the tree without pipeline (it does all of these), or drop them.")
+                raise InputError(f"pipelined tree drafts are greedy, at a fixed cap, with the lookup in MLX operations; this run "
+                                 f"asks for {', '.join(why)}. Run the tree without pipeline (it samples and takes a cap "
+                                 "controller), or drop them.")
             check_pipeline(target, drafter)
+            # As in the pipelined chain, lookup drafts are off unless asked (matched on the device).
             return tree_pipelined_loop(target, prompt_ids, params, drafter, nodes=tree_nodes, max_new_tokens=max_new_tokens,
                                        cap=max_draft_tokens, stream=TextStream(tokenizer, stop, on_text), on_round=on_round,
-                                       compile_draft=compile_draft)
+                                       compile_draft=compile_draft, lookup_n=LOOKUP_NS if lookup_drafts else ())
         source = HeadTreeSource(drafter, lookup=lookup_drafts is not False)  # a match's continuation joins the tree
         return tree_loop(target, prompt_ids, params, source, nodes=tree_nodes,
                          max_new_tokens=max_new_tokens, cap=cap, stream=TextStream(tokenizer, stop, on_text), on_round=on_round)

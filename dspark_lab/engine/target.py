@@ -482,12 +482,14 @@ class Target:
                 rope._dspark_recorder = self._recorder
 
     def tree_round_at(self, ids: mx.array, depth: mx.array, ancestors: mx.array, parent: mx.array, cache: list,
-                      offset: mx.array, *, capacity: int, max_depth: int, taps: Sequence[int] = ()):
+                      offset: mx.array, *, capacity: int, max_depth: int, taps: Sequence[int] = (), allowed: mx.array | None = None):
         """The pipelined tree loop's verify (engine/tree_pipeline.py), greedy, compiled, nothing read on the
         host: feed the tree at `offset` (an array), keep the longest path the target agrees with
-        in place. -> (verdict [n, next, path tokens], path rows' taps): compiled.OffsetForward.tree_round."""
+        in place; rows not `allowed` (default: all are) are never accepted. -> (verdict [n, next,
+        path tokens], path rows' taps): compiled.OffsetForward.tree_round."""
         self._install_tree_ropes()
-        return self._at_offset[True].tree_round(ids, depth, ancestors, parent, cache, offset, capacity=capacity,
+        allowed = mx.ones(ids.shape, dtype=mx.bool_) if allowed is None else allowed
+        return self._at_offset[True].tree_round(ids, depth, ancestors, parent, allowed, cache, offset, capacity=capacity,
                                                 max_depth=max_depth, taps=taps)
 
     @staticmethod

@@ -18,10 +18,11 @@ waits twice would give much of its longer accepts back. Here the whole round sta
 - The head's context gains the path's tapped rows at that offset, in the next round's compiled
   draft (DSparkDrafter.draft_top_at).
 
-The host reads each verdict one round late, to stream the text and stop. Greedy only (sampling
-walks the tree with random draws per candidate: the plain tree loop does it); no lookup paths
-(a match's continuation would need the committed text on the device, as pipeline.DeviceLookup
-keeps it, and a graft there); fixed caps only (the shapes must not change between rounds).
+The host reads each verdict one round late, to stream the text and stop. With `lookup_n`, an
+n-gram match over the committed text, kept on the device (pipeline.DeviceLookup), adds its
+continuation as one more chain below the root (its rows past the match never accepted). Greedy
+only (sampling walks the tree with random draws per candidate: the plain tree loop does it);
+fixed caps only (the shapes must not change between rounds).
 Output: the target's greedy tokens, as every loop (tests compare ids).
 """
 
@@ -31,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from .generate import GenResult
-from .pipeline import InFlight
+from .pipeline import DeviceLookup, InFlight
 from .sampling import SamplingParams
 from .target import Target
 from .text import TextStream
@@ -98,6 +99,21 @@ class DeviceTree:
         parent = mx.where(parent_superset < 0, 0, row_of[mx.maximum(parent_superset, 0)])
         return ids, depth, ancestors, mx.concatenate([mx.zeros((1,), dtype=mx.int32), parent])
 
+    def with_branch(self, ids: mx.array, depth: mx.array, ancestors: mx.array, parent: mx.array, tokens: mx.array,
+                    usable: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array, mx.array]:
+        """`choose`'s tree with one more chain of `depth` rows below the root (a lookup match's
+        continuation), each row allowed only where `usable`: (ids, depth, ancestors, parent, allowed).
+        It may repeat a path of the tree: greedy keeps either copy, the same tokens."""
+        w, d = self.width, self.depth
+        chain = np.tril(np.ones((d, d), dtype=bool))
+        below = np.concatenate([np.ones((d, 1), dtype=bool), np.zeros((d, w - 1), dtype=bool), chain], axis=1)
+        ancestors = mx.concatenate([mx.concatenate([ancestors, mx.zeros((w, d), dtype=mx.bool_)], axis=1), mx.array(below)], axis=0)
+        ids = mx.concatenate([ids, tokens.astype(mx.uint32)])
+        depth = mx.concatenate([depth, mx.arange(1, d + 1, dtype=mx.int32)])
+        parent = mx.concatenate([parent, mx.array([0] + list(range(w, w + d - 1)), dtype=mx.int32)])
+        allowed = mx.concatenate([mx.ones((w,), dtype=mx.bool_), usable])
+        return ids, depth, ancestors, parent, allowed
+
 
 def tree_pipelined_loop(
     target: Target,
@@ -110,10 +126,13 @@ def tree_pipelined_loop(
     cap: int,
     stream: TextStream,
     compile_draft: bool = True,
+    lookup_n: tuple[int, ...] = (),
     on_round=None,
 ) -> GenResult:
     """Greedy tree drafts of `nodes` nodes at most `cap` deep, one round always in flight (see the
-    module doc). `compile_draft`: the head's context append and candidates in one compiled trace."""
+    module doc). `compile_draft`: the head's context append and candidates in one compiled trace.
+    `lookup_n`: n-gram lengths for a lookup branch matched on the device (pipeline.DeviceLookup),
+    the continuation of the longest match joining each tree as one more chain below the root."""
     if not params.greedy:
         raise ValueError("tree_pipelined_loop is greedy only")
     run = InFlight(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, stream=stream, on_round=on_round)
@@ -123,21 +142,29 @@ def tree_pipelined_loop(
     pending = mx.array([run.first_token], dtype=mx.uint32)
     offset = mx.array(len(prompt_ids), dtype=mx.int32)  # target cache length == head context length
     rows, rows_at = None, None  # the previous round's kept path's tapped rows, and where they go in the head's context
+    lookup = DeviceLookup(prompt_ids, lookup_n) if lookup_n else None
+    width = tree.width + (depth if lookup is not None else 0)
 
     def build() -> None:
         nonlocal pending, offset, rows, rows_at
         # Upper bound of the cache length after this round's writes: the rounds in flight keep at
         # most depth + 1 rows each, this one writes the tree's rows (and moves at most depth + 1).
-        bound = run.known_len + (depth + 1) * len(run.rounds) + max(tree.width, depth + 1)
+        bound = run.known_len + (depth + 1) * len(run.rounds) + max(width, depth + 1)
         drafter.ensure_capacity(bound + drafter.config.block_size)
         top, logp = drafter.draft_top_at(rows, rows_at, pending, depth, TREE_TOP_K, offset, compiled=compile_draft)
         ids, row_depth, ancestors, parent = tree.choose(pending, top, logp)
+        allowed = None
+        if lookup is not None:
+            tokens, usable = lookup.propose_after(pending, offset, depth, bound)
+            ids, row_depth, ancestors, parent, allowed = tree.with_branch(ids, row_depth, ancestors, parent, tokens, usable)
         verdict, rows = target.tree_round_at(ids, row_depth, ancestors, parent, cache, offset, capacity=bound,
-                                             max_depth=depth, taps=taps)
+                                             max_depth=depth, taps=taps, allowed=allowed)
+        if lookup is not None:
+            lookup.record(verdict[2:], offset + 1)  # the kept path's tokens (the first past them is overwritten next round)
         rows_at = offset
         offset = offset + verdict[0] + 1
         pending = verdict[1:2].astype(mx.uint32)
         mx.async_eval(verdict, offset, pending)
-        run.launch(verdict, tree.nodes)
+        run.launch(verdict, width - 1)
 
     return run.drive(build, len(prompt_ids), "dspark-tree")

@@ -47,7 +47,7 @@ TREE_MODES = ("dspark-tree", "dspark-tree-pipe")  # head modes that verify trees
 # tree of its `tree_nodes` likeliest drafts a round (engine/tree.py); at fixed caps only (the cap
 # controller's cost curves are the chain's), so its "auto" arms are not planned. dspark-tree-pipe:
 # the same trees chosen and verified on the device, one round in flight (engine/tree_pipeline.py;
-# the grid's compile_draft applies to it too).
+# the grid's compile_draft and pipe_lookup apply to it too).
 DRAFT_MODES = ("draft", "draft-pipe")  # modes that need a draft model
 AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size (lookup, a draft model)
 # A sweep's precisions: each model also runs stored another way, made on load (no second download):
@@ -464,7 +464,7 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
         if mode == "dspark-tree":
             return {"pipeline": False, "tree_nodes": cfg.tree_nodes}
         if mode == "dspark-tree-pipe":
-            return {"pipeline": True, "tree_nodes": cfg.tree_nodes, "compile_draft": cfg.compile_draft}
+            return {"pipeline": True, "tree_nodes": cfg.tree_nodes, "lookup_drafts": cfg.pipe_lookup, "compile_draft": cfg.compile_draft}
         if mode != "dspark-pipe":
             return {"pipeline": False}
         return {"pipeline": True, "lookup_drafts": cfg.pipe_lookup, "compile_draft": cfg.compile_draft}

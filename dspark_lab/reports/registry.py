@@ -72,8 +72,8 @@ def _loop_options(runs: pl.DataFrame, run_ids: list[str], mode: str) -> dict:
     """The options the arm's loop ran with, which a caller must repeat to get the measured speed:
     for dspark-pipe, device-side lookup drafts and the compiled draft (the sweep's --pipe-lookup
     and --compile-draft, as speculative_generate's lookup_drafts and compile_draft); for
-    dspark-tree, the tree's size (tree_nodes); for dspark-tree-pipe both its size and the compiled
-    draft. Only those every run agrees on; empty for the other modes."""
+    dspark-tree, the tree's size (tree_nodes); for dspark-tree-pipe its size, the device-side lookup
+    and the compiled draft. Only those every run agrees on; empty for the other modes."""
     if mode not in ("dspark-pipe", "dspark-tree", "dspark-tree-pipe"):
         return {}
     configs = []
@@ -86,6 +86,7 @@ def _loop_options(runs: pl.DataFrame, run_ids: list[str], mode: str) -> dict:
         seen = {"tree_nodes": {c.get("tree_nodes", 16) for c in configs}}
     elif mode == "dspark-tree-pipe":
         seen = {"tree_nodes": {c.get("tree_nodes", 16) for c in configs},
+                "lookup_drafts": {bool(c.get("pipe_lookup")) for c in configs},
                 "compile_draft": {bool(c.get("compile_draft")) for c in configs}}
     else:
         seen = {"lookup_drafts": {bool(c.get("pipe_lookup")) for c in configs},
