@@ -7,14 +7,15 @@
 #  1. lossless_check.py: greedy beside the head's chain, the pipelined chain with its compiled draft,
 #     and its trees of TREES nodes (default 8,16,32; the tree forward compiled) and of TREE_PLAIN nodes
 #     (default 16; the tree forward op by op) and, through the pipelined tree loop, of TREE_PIPE nodes
-#     (default 16,32), at most cap 7 deep, on the 8 built-in prompts of each set, 128 tokens, after a warm-up, in one
+#     (default 16,32), at most cap 7 deep, on the first EVAL_LIMIT (default 8) built-in prompts of each set, 128 tokens, after a warm-up, in one
 #     process: token identity, mean accept length, and each arm's decode rate over greedy's
 #     -> OUT/NAME/eval_trees.{json,log};
 #  2. SWEEP=1 (default): the lab's sweep, baseline beside dspark, dspark-pipe (compiled draft),
 #     dspark-tree and dspark-tree-pipe (TREE_SWEEP nodes, default 16; the pipelined trees with the compiled
 #     draft) at CAPS (default 7), SWEEP_PROMPTS (default 4)
 #     prompts a set, 2 trials -> OUT/NAME/sweep.json, for `dspark-lab ingest` here.
-# Heads unquantized (--drafter-bits 16), as every device evaluation of them.
+# Heads unquantized (--drafter-bits 16), as every device evaluation of them. An empty TREES, TREE_PLAIN or
+# TREE_PIPE leaves those arms out.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 out=${OUT:?set OUT, e.g. to the device call \$OUT}
@@ -29,8 +30,8 @@ for name in "$@"; do
   [ -f "$head/config.json" ] || { echo "no head at $head (prepare_device_session.sh trees ships them as data/heads/NAME)"; exit 2; }
   run=$out/$name
   mkdir -p "$run"
-  python3 benchmarks/lossless_check.py --model "$model" --head "$head" --drafter-bits 16 --prompts code,math,chat --limit 8 \
-    --max-new-tokens 128 --cap 7 --no-lookup-arm --tree-nodes "${TREES:-8,16,32}" --tree-plain "${TREE_PLAIN:-16}" --tree-pipe "${TREE_PIPE:-16,32}" --pipe-arm --out "$run/eval_trees.json" \
+  python3 benchmarks/lossless_check.py --model "$model" --head "$head" --drafter-bits 16 --prompts code,math,chat --limit "${EVAL_LIMIT:-8}" \
+    --max-new-tokens 128 --cap 7 --no-lookup-arm --tree-nodes "${TREES-8,16,32}" --tree-plain "${TREE_PLAIN-16}" --tree-pipe "${TREE_PIPE-16,32}" --pipe-arm --out "$run/eval_trees.json" \
     > "$run/eval_trees.log" 2>&1
   echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept length\|speedup\|identical;" "$run/eval_trees.log"
   if [ "${SWEEP:-1}" = 1 ]; then
