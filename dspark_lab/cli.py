@@ -518,7 +518,7 @@ def benchmark(
     launch_every: LaunchEveryOpt = "0",
     precisions: PrecisionsOpt = "as-loaded",
     mlx_lm: Annotated[bool, typer.Option("--mlx-lm/--no-mlx-lm", help="Also time mlx-lm's own decoder on the same model and prompts: its row's speedup is mlx-lm over our greedy.")] = True,
-    tree_nodes: Annotated[int, typer.Option(help="Also measure the DSpark head drafting trees of this many drafts (mode dspark-tree, at the fixed caps; 0: not).")] = 0,
+    tree_nodes: Annotated[int, typer.Option(help="Also measure the DSpark head drafting trees of this many drafts (modes dspark-tree and dspark-tree-pipe, at the fixed caps; 0: not).")] = 0,
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
     speedup (with its 95% CI) and acceptance per domain (per precision, with --precisions)."""
@@ -536,7 +536,7 @@ def benchmark(
     if tree_nodes:
         if "dspark" not in modes:
             raise DsparkError("--tree-nodes needs a DSpark head (--drafter) to draft the trees; drop it or pass one.")
-        modes.append("dspark-tree")
+        modes += ["dspark-tree", "dspark-tree-pipe"]  # beside dspark and dspark-pipe: the plain loop and the pipelined one
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
                       launch_every=launch_every, precisions=_csv(precisions), **({"tree_nodes": tree_nodes} if tree_nodes else {}))

@@ -337,6 +337,6 @@ def test_benchmark_adds_tree_arms_when_asked(tiny_dirs, tmp_path):
             "-n", "4", "--no-mlx-lm", "--tree-nodes", "5"]
     r = runner.invoke(app, args + ["-d", str(head), "--db", str(tmp_path / "b.duckdb")])
     assert r.exit_code == 0, r.output
-    assert "dspark-tree" in r.output and "dspark-pipe" in r.output
+    assert "dspark-tree " in r.output and "dspark-tree-pipe" in r.output and "dspark-pipe" in r.output
     r = runner.invoke(app, args + ["--db", str(tmp_path / "c.duckdb")])
     assert r.exit_code != 0 and "--tree-nodes needs a DSpark head" in r.output
