@@ -38,12 +38,14 @@ from .target import Target
 from .text import TextStream
 from .tree import TREE_TOP_K, TreeLayout
 
-# Ties between a path and one it must not outrank (equal log-probabilities, e.g. a head certain
-# to float precision) are broken by this much per rank step and per depth: a prefix, and a path
-# with smaller ranks, always score strictly higher, so the chosen rows always form a tree.
-TIE_BREAK = 1e-4
-# Log-probabilities are clipped here first, so -inf never makes two paths equal.
-LOGP_FLOOR = -1e4
+# A path's score is lowered by this much per rank step and per depth, so that a prefix, and a path
+# with smaller ranks, always score strictly higher than the path (equal log-probabilities happen:
+# a head certain to float precision) and the chosen rows always form a tree. It must exceed the
+# float32 rounding of a score (a sum of at most 8 terms of at most |LOGP_FLOOR|: about 1e-4).
+TIE_BREAK = 1e-3
+# Log-probabilities are clipped here first: -inf would make paths equal, and large magnitudes
+# would round away TIE_BREAK. A candidate below e^-30 is never worth a row anyway.
+LOGP_FLOOR = -30.0
 
 
 def superset_paths(nodes: int, depth: int, k: int) -> list[tuple[int, ...]]:
