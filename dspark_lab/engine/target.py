@@ -508,8 +508,9 @@ class Target:
             c.offset = start + keep
 
     def check_tree_forward(self) -> float:
-        """Once per model: a tree forward must reproduce the plain forward of each of its paths,
-        and a forward after keep_tree_path the plain forward after that path. Returns the relative
+        """Once per model: a tree forward must reproduce a plain forward of each of its paths (after
+        the same prefix, as many rows), and a forward after keep_tree_path the plain forward after
+        that path. Returns the relative
         difference; LoadError naming the model_type when it exceeds PROBE_RTOL. Checks the path
         `tree_compiled` chooses (the compiled one with padding rows), once for each."""
         mode = self.tree_compiled
@@ -526,16 +527,32 @@ class Target:
         anc = np.eye(6, dtype=bool)
         for i in range(1, 6):
             anc[i] |= anc[parent[i]]
+        # Every reference feeds as many rows as the tree's forward (its path, then filler tokens that
+        # causal attention keeps out of the path's rows), so both sides run the same matmul shapes:
+        # on the H200, references fed as one forward of prefix and path (11-12 rows) differed from
+        # the tree by 1.4e-2 in bfloat16 and 3.0e-3 in float32, where the chain's same-shape offset
+        # check gives 0.0 (thirty-fifth round; the row count is the suspect, not yet confirmed).
+        # What is checked here is the tree's mask and rotation.
+        rows = 9 if self.tree_compiled else 6
         cache = self.make_cache()
         self.forward(mx.array(prefix, dtype=mx.uint32), cache)
-        got = self.forward_tree(mx.array([r, a, b, c, d, e], dtype=mx.uint32), depth, anc, cache, width=9).logits
+        got = self.forward_tree(mx.array([r, a, b, c, d, e], dtype=mx.uint32), depth, anc, cache, width=rows).logits
         self.keep_tree_path(cache, [0, 1, 3], 6)
         after = self.forward(mx.array([nxt], dtype=mx.uint32), cache).logits
-        ref_rac = self.forward(mx.array(prefix + [r, a, c, nxt], dtype=mx.uint32), self.make_cache()).logits
-        ref_rb = self.forward(mx.array(prefix + [r, b], dtype=mx.uint32), self.make_cache()).logits
-        ref_d = self.forward(mx.array(prefix + [r, b, d], dtype=mx.uint32), self.make_cache()).logits
-        ref_e = self.forward(mx.array(prefix + [r, b, e], dtype=mx.uint32), self.make_cache()).logits
-        want = mx.stack([ref_rac[8], ref_rac[9], ref_rb[9], ref_rac[10], ref_d[10], ref_e[10], ref_rac[11]])
+
+        def reference(path: list[int], then: int | None = None) -> mx.array:
+            ref = self.make_cache()
+            self.forward(mx.array(prefix, dtype=mx.uint32), ref)
+            filler = [(prefix[0] + 1) % v] * (rows - len(path))
+            out = self.forward(mx.array(path + filler, dtype=mx.uint32), ref).logits[: len(path)]
+            if then is None:
+                return out
+            self.trim(ref, len(filler))
+            return self.forward(mx.array([then], dtype=mx.uint32), ref).logits
+
+        ref_rac, ref_rb = reference([r, a, c]), reference([r, b])
+        ref_d, ref_e, ref_after = reference([r, b, d]), reference([r, b, e]), reference([r, a, c], then=nxt)
+        want = mx.stack([ref_rac[0], ref_rac[1], ref_rb[1], ref_rac[2], ref_d[2], ref_e[2], ref_after[0]])
         err = _relative_difference(mx.concatenate([got, after]), want)
         if not err <= PROBE_RTOL:
             raise LoadError(f"the tree forward does not reproduce model_type {self.model_type!r} (relative difference "
