@@ -90,7 +90,7 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text (a user turn in the chat template unless --no-chat-template).")],
-    mode: Annotated[Optional[Mode], typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dspark-tree: the same head verifying a tree of its likeliest drafts each round (--tree-nodes; heads without a Markov term; plus the lookup match's path unless --no-lookup-drafts); dspark-tree-pipe: the same trees chosen and verified on the device, each round built while the previous one computes (greedy, fixed --max-draft, no lookup drafts; --compile-draft applies); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); draft-pipe: the same through the pipelined loop (plain-KV target and draft model); auto: the registry's measured drafter for this model, else lookup. Default: with --drafter dspark or dflash (the head's kind), with --draft-model draft, else baseline.")] = None,
+    mode: Annotated[Optional[Mode], typer.Option(help="baseline: plain decoding; lookup: n-gram lookup drafts; dspark: a DSpark head (--drafter); dspark-pipe: the same head through the pipelined loop (each round built while the previous one computes; plain-KV models; --lookup-drafts adds device-side n-gram drafts); dspark-tree: the same head verifying a tree of its likeliest drafts each round (--tree-nodes; heads without a Markov term; plus the lookup match's path unless --no-lookup-drafts); dspark-tree-pipe: the same trees chosen and verified on the device, each round built while the previous one computes (greedy, fixed --max-draft; --lookup-drafts adds a device-side n-gram match's path; --compile-draft applies); dflash: a DFlash / DFlash 2 head (--drafter); draft: a small draft model with the same tokenizer (--draft-model); draft-pipe: the same through the pipelined loop (plain-KV target and draft model); auto: the registry's measured drafter for this model, else lookup. Default: with --drafter dspark or dflash (the head's kind), with --draft-model draft, else baseline.")] = None,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark or DFlash head directory or repo id.")] = None,
     draft_model: DraftModelOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 256,
@@ -99,8 +99,8 @@ def generate(
     drafter_bits: Annotated[int, typer.Option(help="Quantize the drafter's weights at load: 4, 8, or 16 (float); a head stored at these bits or fewer loads as stored.")] = 4,
     drafter_window: Annotated[int, typer.Option(help="Context positions the drafter attends to.")] = 4096,
     confidence_threshold: Annotated[float, typer.Option(help="Cut a DSpark draft where the head's confidence falls below this (0 = off).")] = 0.0,
-    tree_nodes: Annotated[Optional[int], typer.Option(help="In dspark-tree mode: the drafts a round's tree holds (the head's likeliest paths, at most --max-draft deep; a long n-gram match's continuation joins them unless --no-lookup-drafts). Default 16.")] = None,
-    lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on). In dspark-pipe mode the match runs on the device and its tokens replace the head's slot by slot (default: off, not yet measured on a GPU).")] = None,
+    tree_nodes: Annotated[Optional[int], typer.Option(help="In dspark-tree and dspark-tree-pipe modes: the drafts a round's tree holds (the head's likeliest paths, at most --max-draft deep; a long n-gram match's continuation joins them unless --no-lookup-drafts). Default 16.")] = None,
+    lookup_drafts: Annotated[Optional[bool], typer.Option("--lookup-drafts/--no-lookup-drafts", help="In dspark mode, verify a long n-gram match instead of drafting when one exists (default: on). In dspark-pipe mode the match runs on the device and its tokens replace the head's slot by slot, in dspark-tree-pipe mode it joins the tree as one more path (default: off in both, not yet measured on a GPU).")] = None,
     lookup_kernel: Annotated[Optional[bool], typer.Option("--lookup-kernel/--no-lookup-kernel", help="In dspark-pipe mode with --lookup-drafts, run the n-gram match as one custom CUDA kernel. Default: as a one-time probe on this machine found it (exact and faster; stored in --db).")] = None,
     compile_draft: Annotated[Optional[bool], typer.Option("--compile-draft/--no-compile-draft", help="In dspark-pipe and dspark-tree-pipe modes, append the head's context and draft through one compiled trace per round (greedy; default: off, or as the registry measured the pair with --mode auto).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy; > 0 samples (speculative paths stay exact samples of the model).")] = 0.0,
@@ -141,7 +141,7 @@ def generate(
         if mode is not Mode.baseline:
             err.print(f"[dim]--mode {mode.value} (from --{'drafter' if drafter is not None else 'draft-model'})[/]")
     if drafter is not None and mode in (Mode.baseline, Mode.lookup, Mode.draft, Mode.draft_pipe):
-        raise DsparkError(f"--drafter is only used by --mode dspark, dspark-pipe, dspark-tree, dflash or auto (this run is --mode {mode.value}, "
+        raise DsparkError(f"--drafter is only used by --mode dspark, dspark-pipe, dspark-tree, dspark-tree-pipe, dflash or auto (this run is --mode {mode.value}, "
                           "which would leave the head unused); add --mode dspark (or dspark-pipe, dspark-tree, dflash) or drop --drafter.")
     if mode in (Mode.dspark, Mode.dspark_pipe, *TREE_MODES, Mode.dflash) and drafter is None:
         raise DsparkError(f"--mode {mode.value} needs --drafter DIR (a head for this model); or use --mode auto or lookup.")
@@ -409,7 +409,7 @@ def sweep(
     drafter_bits: Annotated[int, typer.Option(help="Drafter weight bits: 4, 8 or 16 (a head stored at these bits or fewer loads as stored).")] = 4,
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too); float32 is fastest on CPU.")] = None,
     launch_every: LaunchEveryOpt = "0",
-    pipe_lookup: Annotated[bool, typer.Option(help="dspark-pipe arms add n-gram lookup drafts matched on the device.")] = False,
+    pipe_lookup: Annotated[bool, typer.Option(help="dspark-pipe and dspark-tree-pipe arms add n-gram lookup drafts matched on the device.")] = False,
     compile_draft: Annotated[bool, typer.Option(help="dspark-pipe and dspark-tree-pipe arms draft through one compiled trace per round (greedy).")] = False,
     tree_nodes: Annotated[int, typer.Option(help="dspark-tree and dspark-tree-pipe arms: the drafts in a round's tree.")] = 16,
     precisions: PrecisionsOpt = "as-loaded",

@@ -510,9 +510,9 @@ class Target:
     def check_tree_forward(self) -> float:
         """Once per model: a tree forward must reproduce a plain forward of each of its paths (after
         the same prefix, as many rows), and a forward after keep_tree_path the plain forward after
-        that path. Returns the relative
-        difference; LoadError naming the model_type when it exceeds PROBE_RTOL. Checks the path
-        `tree_compiled` chooses (the compiled one with padding rows), once for each."""
+        that path. Returns the relative difference; LoadError naming the model_type when it exceeds
+        PROBE_RTOL. Checks the path `tree_compiled` chooses (the compiled one with padding rows),
+        once for each."""
         mode = self.tree_compiled
         if mode in self._tree_checked:
             return self._tree_checked[mode]

@@ -386,13 +386,14 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
     loaders = {"dspark": load_dspark, "dspark-pipe": load_dspark, "dspark-tree": load_dspark, "dspark-tree-pipe": load_dspark,
                "dflash": load_dflash}
     modes = [m for m in HEAD_MODES if m in cfg.modes]
-    for piped in ("dspark-pipe", "dspark-tree-pipe"):
-        if piped in modes:
-            try:
-                check_pipeline_target(target)
-            except DsparkError as e:
-                say(f"skipping mode {piped} for {model_id}: {e}")
-                modes.remove(piped)
+    piped = [m for m in ("dspark-pipe", "dspark-tree-pipe") if m in modes]
+    if piped:
+        try:
+            check_pipeline_target(target)
+        except DsparkError as e:
+            for mode in piped:
+                say(f"skipping mode {mode} for {model_id}: {e}")
+                modes.remove(mode)
     for mode in modes:
         for d in cfg.drafters:
             try:

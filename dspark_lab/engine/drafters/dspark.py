@@ -326,14 +326,15 @@ class DSparkDrafter(ContextDrafter):
         tokens_arr = mx.concatenate(tokens) if tokens else mx.zeros((0,), dtype=mx.uint32)
         return BlockOut(tokens_arr, mx.concatenate(probs, axis=0) if probs else None, survival)
 
-    def draft_top(self, pending: int | mx.array, cap: int, k: int) -> tuple[mx.array, mx.array]:
+    def draft_top(self, pending: int | mx.array, cap: int, k: int, at: mx.array | None = None) -> tuple[mx.array, mx.array]:
         """The head's k best candidates at each of `cap` draft positions after `pending`, best first,
         with their log-probabilities: (cap, k) target ids and (cap, k) float32, lazy. For tree drafts
         (engine/tree.py), which need a head without a Markov term: then a position's candidates do
-        not depend on the tokens drafted before it."""
+        not depend on the tokens drafted before it. `at`: the context length as an array (the
+        pipelined tree loop), None for the host's ctx_len."""
         c = self.config
         cap = min(cap, c.max_drafts)
-        h = self.hidden(pending, c.block_size, None)[c.logits_start : c.logits_start + cap]
+        h = self.hidden(pending, c.block_size, at)[c.logits_start : c.logits_start + cap]
         top, logp = top_k_logprobs(self.vocab_logits(h), k)
         return self._to_target_ids(top.astype(mx.uint32)), logp
 
@@ -362,17 +363,11 @@ class DSparkDrafter(ContextDrafter):
         """The pipelined tree loop's drafting: `append_context_at(rows, rows_at)`, then the head's
         k best candidates at each of `cap` positions after `pending`, the block placed at `at`
         (draft_top's result, lazy). `compiled`: one trace per round, as draft_step_at."""
-        def top(p, a):
-            c = self.config
-            h = self.hidden(p, c.block_size, a)[c.logits_start : c.logits_start + cap]
-            ids, logp = top_k_logprobs(self.vocab_logits(h), k)
-            return self._to_target_ids(ids.astype(mx.uint32)), logp
-
         if not compiled:
             if rows is not None:
                 self.append_context_at(rows, rows_at)
-            return top(pending, at)
-        return self._step_at(("top", cap, k), rows, rows_at, pending, at, top)
+            return self.draft_top(pending, cap, k, at=at)
+        return self._step_at(("top", cap, k), rows, rows_at, pending, at, lambda p, a: self.draft_top(p, cap, k, at=a))
 
     def _step_at(self, key: tuple, rows: dict[int, mx.array] | None, rows_at: mx.array | None, pending: mx.array,
                  at: mx.array, draw) -> tuple:
