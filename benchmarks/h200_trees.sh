@@ -4,6 +4,8 @@
 #   OUT=$OUT bash benchmarks/h200_trees.sh qwen15        (then qwen05 in a second call: each fits 600 s)
 # Per model (/root/ship/NAME/..., as prepare_device_session.sh ships it) with its committed head
 # (HEADS/NAME, default /root/ship/data/heads/NAME: the slim checkout leaves fixtures/ out):
+#  0. tree_check.py: the tree forward's check at the stored precision and in float32, beside the
+#     chain's own rounding on this machine -> OUT/NAME/tree_check.log;
 #  1. lossless_check.py: greedy beside the head's chain, the pipelined chain with its compiled draft,
 #     and its trees of TREES nodes (default 8,16,32; the tree forward compiled) and of TREE_PLAIN nodes
 #     (default 16; the tree forward op by op) and, through the pipelined tree loop, of TREE_PIPE nodes
@@ -30,6 +32,7 @@ for name in "$@"; do
   [ -f "$head/config.json" ] || { echo "no head at $head (prepare_device_session.sh trees ships them as data/heads/NAME)"; exit 2; }
   run=$out/$name
   mkdir -p "$run"
+  python3 benchmarks/tree_check.py "$model" 2>&1 | tee "$run/tree_check.log"
   python3 benchmarks/lossless_check.py --model "$model" --head "$head" --drafter-bits 16 --prompts code,math,chat --limit "${EVAL_LIMIT:-8}" \
     --max-new-tokens 128 --cap 7 --no-lookup-arm --tree-nodes "${TREES-8,16,32}" --tree-plain "${TREE_PLAIN-16}" --tree-pipe "${TREE_PIPE-16,32}" --pipe-arm --out "$run/eval_trees.json" \
     > "$run/eval_trees.log" 2>&1

@@ -3,7 +3,6 @@ best-first tree is the likeliest paths, and generation through trees is lossless
 tokens at temperature 0, the target's distribution at temperature > 0."""
 
 import itertools
-import math
 
 import mlx.core as mx
 import numpy as np
@@ -15,7 +14,7 @@ from dspark_lab.engine.drafters.load import load_dspark
 from dspark_lab.engine.tree import TreeLayout, best_paths, tree_loop, walk_greedy, walk_sampled
 from dspark_lab.engine.generate import _setup
 from dspark_lab.engine.text import TextStream
-from dspark_lab.errors import InputError
+from dspark_lab.errors import InputError, LoadError
 from dspark_lab.tiny import build_tiny_dspark
 
 
@@ -79,6 +78,24 @@ def test_tree_forward_reproduces_each_path(tiny_models, family, compiled):
         assert target.check_tree_forward() <= 1e-5  # float32: rounding at most
     finally:
         target.tree_compiled = True
+
+
+@pytest.mark.parametrize("claimed_rounding", [0.0, 1.0])
+def test_tree_check_refuses_rows_at_wrong_depths(tiny_models, monkeypatch, claimed_rounding):
+    """A tree fed with every row at depth 0 is refused, also where the chain's rounding is claimed
+    huge (the limit never rises above TREE_RTOL_CEILING); the chain's own rounding here is tiny."""
+    from dspark_lab.engine.target import TREE_RTOL_CEILING
+
+    target, _ = tiny_models[FAMILIES[0]]
+    prefix = [3, 5, 7, 9]
+    block = target.forward(mx.array(prefix + [11, 13], dtype=mx.uint32), target.make_cache()).logits[4:]
+    assert target.chain_rounding(prefix, [11, 13], block) <= 1e-5  # float32 on the CPU
+    real = target.forward_tree
+    monkeypatch.setattr(target, "forward_tree", lambda ids, depth, *a, **k: real(ids, [0] * len(depth), *a, **k))
+    monkeypatch.setattr(target, "chain_rounding", lambda *a: claimed_rounding)
+    monkeypatch.setattr(target, "_tree_checked", {})
+    with pytest.raises(LoadError, match=f"limit {max(1e-3, min(4 * claimed_rounding, TREE_RTOL_CEILING)):.1e}"):
+        target.check_tree_forward()
 
 
 class OracleSource:
