@@ -286,8 +286,8 @@ def test_lossless_check_runs_tree_arms(tiny_dirs, tmp_path):
 
 
 def test_the_device_script_evaluates_then_sweeps_each_model(tmp_path):
-    """benchmarks/h200_trees.sh with python3 stubbed: per model the evaluation (chain and trees,
-    cap 7, 8 prompts a set) then the sweep (tree arms beside the chain's), into OUT/NAME."""
+    """benchmarks/h200_trees.sh with python3 stubbed: per model the tree check, the evaluation (chain
+    and trees, cap 7, 8 prompts a set) then the sweep (tree arms beside the chain's), into OUT/NAME."""
     import os
     import subprocess
 
@@ -306,7 +306,9 @@ def test_the_device_script_evaluates_then_sweeps_each_model(tmp_path):
                        cwd=BENCHMARKS.parent)
     assert r.returncode == 0, r.stderr
     calls = (tmp_path / "calls").read_text().splitlines()
-    assert len(calls) == 4 and "lossless_check.py" in calls[0] and "-m dspark_lab sweep" in calls[1]
+    assert len(calls) == 6 and all("tree_check.py /root/ship/" in calls[i] for i in (0, 3))  # the tree check first, per model
+    calls = [c for c in calls if "tree_check.py" not in c]
+    assert "lossless_check.py" in calls[0] and "-m dspark_lab sweep" in calls[1]
     assert f"--head {heads}/qwen15 " in calls[0] and "--tree-nodes 16,32" in calls[0] and "--cap 7" in calls[0]
     assert "--tree-plain 16 " in calls[0] and "--tree-pipe 16,32 " in calls[0] and "--pipe-arm" in calls[0]
     assert "--modes dspark,dspark-pipe,dspark-tree,dspark-tree-pipe " in calls[1] and "--tree-nodes 16 " in calls[1] and f"{out}/qwen15/sweep.json" in calls[1]

@@ -1,5 +1,6 @@
 """Pipelined tree drafts (engine/tree_pipeline.py): the tree chosen on the device is the host's
-best-first tree, the on-device verdict is the host walk's, and generation is the greedy tokens."""
+best-first tree, the on-device verdict is the host walk's, and generation is the greedy tokens at
+temperature 0 and the target's distribution above it."""
 
 import itertools
 
@@ -7,10 +8,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from conftest import PROMPTS, REPETITIVE
-from dspark_lab import speculative_generate
+from conftest import PROMPTS, REPETITIVE, assert_same_token_distribution
+from dspark_lab import greedy_generate, speculative_generate
 from dspark_lab.engine.drafters.load import load_dspark
-from dspark_lab.engine.tree import TreeLayout, best_paths, walk_greedy
+from dspark_lab.engine.sampling import residual_sample, tree_sampled_choice
+from dspark_lab.engine.tree import TreeLayout, best_paths, walk_greedy, walk_sampled
 from dspark_lab.engine.tree_pipeline import DeviceTree, superset_paths
 from dspark_lab.errors import InputError
 from dspark_lab.tiny import build_tiny_dspark
@@ -167,7 +169,15 @@ def test_pipelined_trees_are_lossless_greedy(qwen3, greedy_refs, tiny_dirs, tmp_
         assert r.token_ids == greedy_refs[p]
 
 
-@pytest.mark.parametrize("ask,match", [(dict(temperature=0.8), "sampling"), (dict(lookup_drafts=True, lookup_kernel=True), "lookup kernel")])
+class FixedCaps:  # a cap controller's interface
+    def cap(self):
+        return 3
+
+    def observe(self, drafted, committed, seconds):
+        pass
+
+
+@pytest.mark.parametrize("ask,match", [(dict(cap_controller=FixedCaps()), "cap controller"), (dict(lookup_drafts=True, lookup_kernel=True), "lookup kernel")])
 def test_pipelined_trees_refuse_what_they_cannot_do(qwen3, tiny_dirs, tmp_path, ask, match):
     target, tok = qwen3
     drafter = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0), target)
@@ -198,3 +208,116 @@ def test_superset_sizes_grow_with_the_tree_not_the_paths():
     assert sizes == sorted(sizes) and sizes[1] < 16 * 8 * 7
     assert superset_paths(1, 7, 8) == [(0,)]
     assert list(itertools.islice(superset_paths(3, 3, 8), 3)) == [(0,), (0, 0), (0, 0, 0)]
+
+
+def test_the_device_sampled_walk_is_the_host_walks():
+    """tree_sampled_choice keeps the path walk_sampled takes, over random trees, distributions and
+    draws; a row not allowed, or repeating an earlier sibling's token, is never tried."""
+    rng = np.random.default_rng(3)
+    vocab, agree = 12, 0
+    for trial in range(300):
+        n = int(rng.integers(2, 12))
+        parent = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+        depth = [0] * n
+        for i in range(1, n):
+            depth[i] = depth[parent[i]] + 1
+        lay = TreeLayout(parent, depth, [0] * n)
+        ids = [int(t) for t in rng.integers(0, vocab, size=n)]
+        for i in range(1, n):  # distinct tokens among siblings, as the host's trees have them
+            while any(ids[j] == ids[i] for j in range(1, i) if parent[j] == parent[i]):
+                ids[i] = (ids[i] + 1) % vocab
+        p = rng.dirichlet(np.full(vocab, 0.3), size=n).astype(np.float32)
+        for i in range(1, n):  # mass on the drafted tokens, so deep accepts happen
+            p[parent[i], ids[i]] += rng.uniform(0, 2)
+        p /= p.sum(axis=1, keepdims=True)
+        uniform = rng.uniform(size=n).astype(np.float32)
+        allowed = rng.uniform(size=n) < (0.8 if trial % 3 == 0 else 1.0)
+        child_p = [float(p[parent[i], ids[i]]) if i and allowed[i] else 0.0 for i in range(n)]
+        want, _ = walk_sampled(lay, child_p, uniform.tolist(), [0] * n)
+        par = mx.array([0] + parent[1:], dtype=mx.int32)
+        chosen, tried = tree_sampled_choice(mx.array(p), mx.array(ids, dtype=mx.uint32), par, mx.array(allowed), mx.array(uniform))
+        chosen = np.array(chosen)
+        assert not chosen[0] and np.array(tried).tolist() == [False] + allowed[1:].tolist()
+        got = [0]
+        while True:
+            kids = [c for c in range(1, n) if parent[c] == got[-1] and chosen[c]]
+            assert len(kids) <= 1
+            if not kids:
+                break
+            got += kids
+        assert got == want, trial
+        agree += len(got) > 2
+    assert agree > 20  # deep paths were compared, not only rejections at the root
+    # a repeated sibling token: only its first copy is tried
+    p = mx.array(np.full((3, 4), 0.25, dtype=np.float32))
+    chosen, tried = tree_sampled_choice(p, mx.array([0, 2, 2], dtype=mx.uint32), mx.array([0, 0, 0]), mx.ones((3,), dtype=mx.bool_),
+                                        mx.array([0.0, 0.9, 0.0]))
+    assert np.array(tried).tolist() == [False, True, False] and not np.array(chosen).any()
+
+
+def test_the_residual_sample_leaves_the_rejected_tokens_out():
+    p = mx.array([0.1, 0.2, 0.3, 0.4])
+    mx.random.seed(0)
+    draws = [residual_sample(p, mx.array([9, 3, 1], dtype=mx.uint32)[1:], mx.array([True, False])).item() for _ in range(2000)]
+    counts = np.bincount(draws, minlength=4)
+    assert counts[3] == 0 and abs(counts[2] / counts[1] - 1.5) < 0.3  # token 3 removed; the rest in proportion 0.1:0.2:0.3
+    assert 0.1 < counts[0] / 2000 < 0.24
+
+
+class TargetOracleHead:
+    """A head whose candidates come, on the device, from the target itself: at each of `cap`
+    positions after the pending token, the target's k likeliest tokens along its greedy path, read
+    from a copy of the run's own cache (nothing read on the host). Sampled paths leave the greedy
+    one, so deep accepts come partly, as they would from a good head."""
+
+    def __init__(self, drafter, target, monkeypatch):
+        self.drafter, self.target, self.caches = drafter, target, []
+        make = target.make_cache
+        monkeypatch.setattr(target, "make_cache", lambda: self.caches.append(make()) or self.caches[-1])
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def draft_top_at(self, rows, rows_at, pending, cap, k, at, *, compiled=False):
+        import copy
+
+        from dspark_lab.engine.topk import top_k_indices
+
+        copies = [copy.copy(c) for c in self.caches[-1]]  # the run's cache: its rows before `at` are committed
+        for c in copies:
+            c.ensure(c.keys.shape[2] + cap + 1)
+        tops, logps, token = [], [], pending
+        for d in range(cap):
+            logits, _ = self.target._at_offset[True].run(token, copies, at + d, last_only=True)
+            logp = logits[-1].astype(mx.float32) - mx.logsumexp(logits[-1].astype(mx.float32))
+            top = top_k_indices(logp, k)
+            top = top[mx.argsort(-logp[top])]
+            tops.append(top)
+            logps.append(logp[top])
+            token = top[:1].astype(mx.uint32)
+        return mx.stack(tops).astype(mx.uint32), mx.stack(logps)
+
+
+def test_pipelined_trees_sample_the_target(qwen3, tiny_dirs, tmp_path, monkeypatch):
+    """Tokens 2-4 sampled through pipelined trees follow plain sampling's distribution (chi-square,
+    ALPHA), with candidates good enough that most rounds accept drafts."""
+    from dspark_lab.engine.generate import _setup
+    from dspark_lab.engine.text import TextStream
+    from dspark_lab.engine.tree_pipeline import tree_pipelined_loop
+
+    target, tok = qwen3
+    drafter = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0), target)
+    oracle = TargetOracleHead(drafter, target, monkeypatch)
+    prompt, n = REPETITIVE[1], 1000
+    params = dict(max_new_tokens=4, temperature=1.0, top_k=3, apply_chat_template=False)
+    plain = [greedy_generate(target, tok, prompt, seed=s, **params).token_ids for s in range(n)]
+    runs = []
+    for s in range(n):
+        p, ids = _setup(target, tok, prompt, 4, 1.0, 1.0, 3, 7000 + s, False)
+        runs.append(tree_pipelined_loop(target, ids, p, oracle, nodes=6, max_new_tokens=4, cap=3, stream=TextStream(tok, None, None)))
+    assert sum(sum(a - 1 for a in r.accept_lengths) for r in runs) > n  # drafts were accepted
+    assert_same_token_distribution(plain, [r.token_ids for r in runs], (1, 2, 3))
+    # and through speculative_generate with the real head: sampled, not greedy, and seeded
+    a, b = (speculative_generate(target, tok, drafter, PROMPTS[0], max_new_tokens=12, max_draft_tokens=3, tree_nodes=6,
+                                 pipeline=True, temperature=1.0, seed=5).token_ids for _ in range(2))
+    assert a == b

@@ -28,6 +28,7 @@ from typing import Sequence
 import mlx.core as mx
 
 from ..errors import InputError
+from .sampling import SamplingParams, residual_sample, target_probs, tree_sampled_choice
 from .cache import BucketedKVCache
 
 # Widest input the compiled path takes (pending token + drafts); prefill goes uncompiled.
@@ -130,43 +131,63 @@ class OffsetForward:
             self._fns[key] = mx.compile(run) if self.compile else run
         return self._fns[key]
 
-    def _tree_round_fn(self, taps: tuple[int, ...], max_depth: int):
-        key = ("tree-round", taps, max_depth)
+    def _tree_round_fn(self, taps: tuple[int, ...], max_depth: int, sampling: SamplingParams | None):
+        key = ("tree-round", taps, max_depth, sampling)
         if key not in self._fns:
 
             def run(ids, keys, values, offset, depth, ancestors, parent, allowed):
                 logits, tap_rows, keys, values = self._tree_forward(taps, ids, keys, values, offset, depth, ancestors)
-                best = mx.argmax(logits, axis=-1).astype(mx.uint32)
-                # A row is accepted when its token is the target's choice at its parent (and it is
-                # allowed: a lookup branch's rows past its match are not), and kept when it and all
-                # its ancestors are: keep the deepest such row (the root if none).
-                agree = ((ids == best[parent]) & allowed) | (mx.arange(ids.shape[0]) == 0)
-                kept = (ancestors.astype(mx.float32) @ (~agree).astype(mx.float32)) == 0
+                root = mx.arange(ids.shape[0]) == 0
+                if sampling is None:
+                    # A row is accepted when its token is the target's choice at its parent (and it
+                    # is allowed: a lookup branch's rows past its match are not).
+                    best = mx.argmax(logits, axis=-1).astype(mx.uint32)
+                    chosen = ((ids == best[parent]) & allowed) | root
+                else:
+                    p = target_probs(logits, sampling)
+                    chosen, tried = tree_sampled_choice(p, ids, parent, allowed, mx.random.uniform(shape=ids.shape))
+                    chosen = chosen | root
+                # A row is kept when it and all its ancestors are chosen (at most one child of each
+                # row is): keep the deepest such row (the root if none).
+                kept = (ancestors.astype(mx.float32) @ (~chosen).astype(mx.float32)) == 0
                 end = mx.argmax(mx.where(kept, depth, -1))
+                if sampling is None:
+                    nxt = best[end]
+                else:  # every tried child of the end was rejected: its residual
+                    nxt = residual_sample(p[end], ids, tried & (parent == end))
                 on_path = ancestors[end][None] & (depth[None] == mx.arange(max_depth + 1)[:, None])
                 path = mx.argmax(on_path.astype(mx.int32), axis=1)  # the path's row at each depth (the root past its end)
                 rows = offset + path  # the kept rows move to follow the cache, in path order
                 at = offset.reshape(1)
                 keys = [mx.slice_update(k, mx.take(k, rows, axis=2), at, axes=(2,)) for k in keys]
                 values = [mx.slice_update(v, mx.take(v, rows, axis=2), at, axes=(2,)) for v in values]
-                verdict = mx.concatenate([depth[end][None], best[end][None].astype(mx.int32), ids[path[1:]].astype(mx.int32)])
+                verdict = mx.concatenate([depth[end][None], nxt.reshape(1).astype(mx.int32), ids[path[1:]].astype(mx.int32)])
                 return verdict, [r[path] for r in tap_rows], keys, values
 
-            self._fns[key] = mx.compile(run) if self.compile else run
+            if not self.compile:
+                self._fns[key] = run
+            elif sampling is None:
+                self._fns[key] = mx.compile(run)
+            else:  # the draws advance MLX's random state, an input and output of the trace
+                state = [mx.random.state]
+                self._fns[key] = mx.compile(run, inputs=state, outputs=state)
         return self._fns[key]
 
     def tree_round(self, ids: mx.array, depth: mx.array, ancestors: mx.array, parent: mx.array, allowed: mx.array, cache: list,
-                   offset: mx.array, *, capacity: int, max_depth: int, taps: Sequence[int] = ()):
-        """A pipelined greedy tree round's verify with nothing read on the host: the tree's rows
-        (row 0 the pending token, `parent` each row's parent row, 0 for the root; rows not `allowed`
-        are never accepted) fed at `offset` (an array), the longest path the target's argmax agrees with found, its rows' keys and
-        values moved to follow the cache at `offset`. Returns the verdict [accepted n, next token,
-        the path's max_depth tokens (the first n are the accepted drafts)] and the taps of the
-        path's max_depth + 1 rows, for the head's context (rows past the path are the root's: the
-        next round overwrites them). `capacity` bounds offset + rows, for growing the buffers."""
+                   offset: mx.array, *, capacity: int, max_depth: int, taps: Sequence[int] = (),
+                   sampling: SamplingParams | None = None):
+        """A pipelined tree round's verify with nothing read on the host: the tree's rows (row 0
+        the pending token, `parent` each row's parent row, 0 for the root; rows not `allowed` are
+        never accepted) fed at `offset` (an array), the path the target keeps found (greedy: the
+        longest its argmax agrees with; `sampling`: the sampled walk, sampling.tree_sampled_choice),
+        its rows' keys and values moved to follow the cache at `offset`. Returns the verdict
+        [accepted n, next token, the path's max_depth tokens (the first n are the accepted drafts)]
+        and the taps of the path's max_depth + 1 rows, for the head's context (rows past the path
+        are the root's: the next round overwrites them). `capacity` bounds offset + rows, for
+        growing the buffers."""
         for c in cache:
             c.ensure(capacity)
-        fn = self._tree_round_fn(tuple(taps), max_depth)
+        fn = self._tree_round_fn(tuple(taps), max_depth, sampling)
         verdict, tap_rows, keys, values = fn(ids, [c.keys for c in cache], [c.values for c in cache], offset,
                                              depth, ancestors, parent, allowed)
         for c, k, v in zip(cache, keys, values):

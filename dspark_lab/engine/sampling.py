@@ -120,3 +120,32 @@ def verify(
     choices = mx.concatenate([residual, p[k:]], axis=0)
     nxt = sample_rows(choices[n][None])[0].astype(mx.int32)
     return mx.stack([n, nxt])
+
+
+def tree_sampled_choice(p: mx.array, ids: mx.array, parent: mx.array, allowed: mx.array, uniform: mx.array):
+    """The sampled walk over a draft tree (engine/tree.walk_sampled) for every row at once, on the
+    device. p: the target's distribution at each row (rows, vocab); row 0 is the root, `parent` each
+    row's parent row. A row is tried where `allowed` and its token is not an earlier sibling's (a
+    rejected token has no mass left in its parent's residual); siblings are tried in row order, row
+    c accepted with probability p(c at its parent) / (the mass its earlier siblings left), the
+    first accepted one chosen. -> (chosen: rows accepted at their parents, tried)."""
+    row = mx.arange(ids.shape[0])
+    tok = ids.astype(mx.int32)
+    real = row > 0
+    sibling = (parent[:, None] == parent[None, :]) & (row[None, :] < row[:, None]) & real[None, :] & real[:, None]  # [c, s]: s before c
+    tried = allowed & real & ~mx.any(sibling & (tok[:, None] == tok[None, :]) & allowed[None, :], axis=1)
+    q = mx.where(tried, p[parent, tok], 0.0)
+    before = sibling.astype(mx.float32)
+    left = 1.0 - before @ q
+    accept = tried & (left > 0) & (uniform * left < q)
+    chosen = accept & ((before @ accept.astype(mx.float32)) == 0)
+    return chosen, tried
+
+
+def residual_sample(p: mx.array, ids: mx.array, taken: mx.array) -> mx.array:
+    """One sample from distribution p (vocab,) with the tokens ids[taken] removed, renormalized (p
+    itself where nothing is left): the next token after a tree node whose tried children were all
+    rejected."""
+    removed = mx.zeros(p.shape, dtype=mx.float32).at[ids.astype(mx.int32)].add(taken.astype(mx.float32))
+    residual = renormalized(mx.where(removed > 0, 0.0, p)[None], p[None])[0]
+    return mx.random.categorical(mx.log(residual))

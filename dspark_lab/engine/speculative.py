@@ -99,15 +99,16 @@ def speculative_generate(
     is verified instead of the head's draft. `pipeline`: build each round while the previous
     one computes (engine/pipeline.py), on targets with plain KV caches; with `lookup_drafts=True`
     the n-gram match runs on the device and its tokens replace the head's slot by slot, and
-    `compile_draft=True` drafts through one compiled trace per round (greedy; off until measured
-    faster on a GPU). `lookup_kernel=True` runs that device-side lookup as one custom CUDA kernel
-    (engine/kernels.py; lab/kernel_probe.py says whether it is exact and faster here).
-    `tree_nodes=N` (DSpark heads without a Markov term): each round verifies a tree of the head's
-    N likeliest drafts, at most `max_draft_tokens` deep, instead of one chain (engine/tree.py),
-    with a long n-gram match's continuation grafted on as one more path unless lookup_drafts is
-    False; not with confidence truncation. With `pipeline` (greedy, fixed cap) the tree is chosen
-    and verified on the device, one round in flight (engine/tree_pipeline.py); there lookup drafts
-    are off unless lookup_drafts=True, and then matched on the device."""
+    `compile_draft=True` drafts through one compiled trace per round (in the chain: greedy only;
+    off until measured faster on a GPU). `lookup_kernel=True` runs that device-side lookup as one
+    custom CUDA kernel (engine/kernels.py; lab/kernel_probe.py says whether it is exact and faster
+    here). `tree_nodes=N` (DSpark heads without a Markov term): each round verifies a tree of the
+    head's N likeliest drafts, at most `max_draft_tokens` deep, instead of one chain
+    (engine/tree.py), with a long n-gram match's continuation grafted on as one more path unless
+    lookup_drafts is False; not with confidence truncation. With `pipeline` (a fixed cap) the tree
+    is chosen and verified (greedy, or by the sampled walk) on the device, one round in flight
+    (engine/tree_pipeline.py); there lookup drafts are off unless lookup_drafts=True, and then
+    matched on the device."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     limit = drafter.config.max_drafts
     if cap_controller is None and not 1 <= max_draft_tokens <= limit:
@@ -132,13 +133,12 @@ def speculative_generate(
         if pipeline:
             from .tree_pipeline import tree_pipelined_loop
 
-            why = [what for what, bad in (("sampling (temperature > 0)", not params.greedy),
-                                          ("a cap controller", cap_controller is not None),
+            why = [what for what, bad in (("a cap controller", cap_controller is not None),
                                           ("the lookup kernel", lookup_kernel)) if bad]
             if why:
-                raise InputError(f"pipelined tree drafts are greedy, at a fixed cap, with the lookup in MLX operations; this run "
-                                 f"asks for {', '.join(why)}. Run the tree without pipeline (it samples and takes a cap "
-                                 "controller), or drop them.")
+                raise InputError(f"pipelined tree drafts run at a fixed cap, with the lookup in MLX operations; this run "
+                                 f"asks for {', '.join(why)}. Run the tree without pipeline (it takes a cap controller), "
+                                 "or drop them.")
             check_pipeline(target, drafter)
             # As in the pipelined chain, lookup drafts are off unless asked (matched on the device).
             return tree_pipelined_loop(target, prompt_ids, params, drafter, nodes=tree_nodes, max_new_tokens=max_new_tokens,

@@ -25,6 +25,7 @@ from mlx_lm.models import cache as cache_lib
 from ..errors import InputError, LoadError
 from .cache import BucketedKVCache, bucketed
 from .compiled import MAX_WIDTH, OffsetForward, can_compile
+from .sampling import SamplingParams
 from .topk import top_k_indices
 
 # Largest relative logit difference the probe accepts between the tapped forward and the
@@ -491,15 +492,16 @@ class Target:
                 rope._dspark_recorder = self._recorder
 
     def tree_round_at(self, ids: mx.array, depth: mx.array, ancestors: mx.array, parent: mx.array, cache: list,
-                      offset: mx.array, *, capacity: int, max_depth: int, taps: Sequence[int] = (), allowed: mx.array | None = None):
-        """The pipelined tree loop's verify (engine/tree_pipeline.py), greedy, compiled, nothing read on the
-        host: feed the tree at `offset` (an array), keep the longest path the target agrees with
-        in place; rows not `allowed` (default: all are) are never accepted. -> (verdict [n, next,
-        path tokens], path rows' taps): compiled.OffsetForward.tree_round."""
+                      offset: mx.array, *, capacity: int, max_depth: int, taps: Sequence[int] = (), allowed: mx.array | None = None,
+                      sampling: SamplingParams | None = None):
+        """The pipelined tree loop's verify (engine/tree_pipeline.py), compiled, nothing read on the
+        host: feed the tree at `offset` (an array), keep in place the path the target accepts
+        (greedy; with `sampling`, its sampled walk); rows not `allowed` (default: all are) are never
+        accepted. -> (verdict [n, next, path tokens], path rows' taps): compiled.OffsetForward.tree_round."""
         self._install_tree_ropes()
         allowed = mx.ones(ids.shape, dtype=mx.bool_) if allowed is None else allowed
         return self._at_offset[True].tree_round(ids, depth, ancestors, parent, allowed, cache, offset, capacity=capacity,
-                                                max_depth=max_depth, taps=taps)
+                                                max_depth=max_depth, taps=taps, sampling=sampling)
 
     @staticmethod
     def keep_tree_path(cache: list, path: Sequence[int], rows: int) -> None:

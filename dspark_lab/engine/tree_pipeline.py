@@ -12,18 +12,23 @@ waits twice would give much of its longer accepts back. Here the whole round sta
   or fewer: its prefixes and the paths with smaller ranks (`superset_paths`, about 250 paths
   for N = 16 at depth 7). Each round scores that fixed superset in one matmul and takes the best
   N: the same tree as the host's best-first search (engine/tree.best_paths), up to ties.
-- The verdict is found on the device (greedy): a row is kept when it and all its ancestors carry
-  the target's argmax at their parents; the deepest kept row ends the path; the path's keys and
-  values move into place at an array offset (Target.tree_round_at, one compiled trace).
+- The verdict is found on the device: greedy, a row is kept when it and all its ancestors carry
+  the target's argmax at their parents; at temperature > 0, when it and all its ancestors were
+  chosen by the sampled walk (sampling.tree_sampled_choice: each row's siblings tried in turn
+  against the mass the rejected ones left, as the plain tree loop's walk_sampled on the host),
+  the next token drawn from the end row's residual. The deepest kept row ends the path; the
+  path's keys and values move into place at an array offset (Target.tree_round_at, one compiled
+  trace, the random draws inside it).
 - The head's context gains the path's tapped rows at that offset, in the next round's compiled
   draft (DSparkDrafter.draft_top_at).
 
 The host reads each verdict one round late, to stream the text and stop. With `lookup_n`, an
 n-gram match over the committed text, kept on the device (pipeline.DeviceLookup), adds its
-continuation as one more chain below the root (its rows past the match never accepted). Greedy
-only (sampling walks the tree with random draws per candidate: the plain tree loop does it);
-fixed caps only (the shapes must not change between rounds).
-Output: the target's greedy tokens, as every loop (tests compare ids).
+continuation as one more chain below the root (its rows past the match never accepted; where it
+repeats a sibling's token, only the first copy is tried). Fixed caps only (the shapes must not
+change between rounds).
+Output: the target's greedy tokens at temperature 0 (tests compare ids), an exact sample of the
+target above it (tests check the distribution), as every loop.
 """
 
 from __future__ import annotations
@@ -105,7 +110,8 @@ class DeviceTree:
                     usable: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array, mx.array]:
         """`choose`'s tree with one more chain of `depth` rows below the root (a lookup match's
         continuation), each row allowed only where `usable`: (ids, depth, ancestors, parent, allowed).
-        It may repeat a path of the tree: greedy keeps either copy, the same tokens."""
+        It may repeat a path of the tree: greedy keeps either copy, the same tokens; sampling
+        tries only the first copy of a token among siblings."""
         w, d = self.width, self.depth
         chain = np.tril(np.ones((d, d), dtype=bool))
         below = np.concatenate([np.ones((d, 1), dtype=bool), np.zeros((d, w - 1), dtype=bool), chain], axis=1)
@@ -131,16 +137,15 @@ def tree_pipelined_loop(
     lookup_n: tuple[int, ...] = (),
     on_round=None,
 ) -> GenResult:
-    """Greedy tree drafts of `nodes` nodes at most `cap` deep, one round always in flight (see the
-    module doc). `compile_draft`: the head's context append and candidates in one compiled trace.
+    """Tree drafts of `nodes` nodes at most `cap` deep, one round always in flight (see the module
+    doc); greedy, or an exact sample of the target at temperature > 0. `compile_draft`: the head's context append and candidates in one compiled trace.
     `lookup_n`: n-gram lengths for a lookup branch matched on the device (pipeline.DeviceLookup),
     the continuation of the longest match joining each tree as one more chain below the root."""
-    if not params.greedy:
-        raise ValueError("tree_pipelined_loop is greedy only")
     run = InFlight(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, stream=stream, on_round=on_round)
     cache, taps = run.cache, drafter.target_layer_ids
     depth = max(1, min(cap, drafter.config.max_drafts))
     tree = DeviceTree(nodes, depth)
+    sampling = None if params.greedy else params
     pending = mx.array([run.first_token], dtype=mx.uint32)
     offset = mx.array(len(prompt_ids), dtype=mx.int32)  # target cache length == head context length
     rows, rows_at = None, None  # the previous round's kept path's tapped rows, and where they go in the head's context
@@ -160,7 +165,7 @@ def tree_pipelined_loop(
             tokens, usable = lookup.propose_after(pending, offset, depth, bound)
             ids, row_depth, ancestors, parent, allowed = tree.with_branch(ids, row_depth, ancestors, parent, tokens, usable)
         verdict, rows = target.tree_round_at(ids, row_depth, ancestors, parent, cache, offset, capacity=bound,
-                                             max_depth=depth, taps=taps, allowed=allowed)
+                                             max_depth=depth, taps=taps, allowed=allowed, sampling=sampling)
         if lookup is not None:
             lookup.record(verdict[2:], offset + 1)  # the kept path's tokens (the first past them is overwritten next round)
         rows_at = offset
