@@ -12,9 +12,10 @@ drafting trees (mode dspark-tree, at most --cap deep; with --lookup-drafts a mat
 joins each tree as one more path), beside the chain on the same prompts; the tree forward runs
 compiled (Target.tree_compiled), and `--tree-plain 16` adds arms whose tree forward is built op by op
 (`dspark-tree16-plain`), to time what compiling gains; `--tree-pipe 16` arms run the pipelined tree
-loop (`dspark-tree16-pipe`: the tree chosen and verified on the device, its draft compiled, greedy,
-no lookup paths; engine/tree_pipeline.py). `--pipe-arm` adds the pipelined chain with its
-compiled draft (`dspark-pipe`, mode dspark-pipe --compile-draft). Per set it also prints, for each draft position, the share
+loop (`dspark-tree16-pipe`: the tree chosen and verified on the device, its draft compiled, greedy;
+engine/tree_pipeline.py). `--pipe-arm` adds the pipelined chain with its compiled draft
+(`dspark-pipe`, mode dspark-pipe --compile-draft). With --lookup-drafts both pipelined arms match
+n-grams on the device too (the chain's slots overlaid, the tree's one more chain). Per set it also prints, for each draft position, the share
 of the rounds that drafted it which accepted it (and every draft before it); the --out JSON keeps
 each prompt's per-round accept and draft lengths.
 """
@@ -89,7 +90,7 @@ def main() -> None:
 
     def pipe(ids, max_new_tokens, tree_nodes=0):
         return speculative_generate(target, tok, head, ids, max_new_tokens=max_new_tokens, max_draft_tokens=args.cap,
-                                    pipeline=True, compile_draft=True, tree_nodes=tree_nodes)
+                                    pipeline=True, compile_draft=True, tree_nodes=tree_nodes, lookup_drafts=args.lookup_drafts)
 
     for n in trees:  # the tree forward's first widths compile too
         tree(first, n, True, 32)

@@ -283,6 +283,13 @@ def test_lossless_check_runs_tree_arms(tiny_dirs, tmp_path):
     assert all(x["identical"] for x in rows) and "12/12 identical" in r.stdout
     by_arm = {(x["prompt"], x["arm"]): x for x in rows}  # compiled or not, the same rounds
     assert all(by_arm[(p, "dspark-tree9")]["accept_lengths"] == by_arm[(p, "dspark-tree9-plain")]["accept_lengths"] for p, _ in by_arm)
+    # with --lookup-drafts both pipelined arms match n-grams on the device: still the greedy text
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "lossless_check.py"), "--model", str(tiny_dirs["qwen3"]), "--head", str(head),
+                        "--cap", "4", "--tree-pipe", "9", "--pipe-arm", "--lookup-drafts", "--prompts", "copy", "--limit", "1",
+                        "--max-new-tokens", "16", "--no-lookup-arm", "--out", str(tmp_path / "l.json")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "l.json").read_text())["rows"]
+    assert {x["arm"] for x in rows} == {"dspark", "dspark-pipe", "dspark-tree9-pipe"} and all(x["identical"] for x in rows)
 
 
 def test_the_device_script_evaluates_then_sweeps_each_model(tmp_path):
