@@ -9,7 +9,10 @@ the same cache offset, evaluated alone (mx.eval), its median wall time over --re
 warm-up; a greedy decode step (one row, argmax) is the unit. Parts:
   chain:  draft_step_at (compiled draft, argmax per position), forward_at of cap+1 rows + verify;
   tree:   draft_top_at (compiled, the k best per position and their log-probabilities), the
-          top-k alone, DeviceTree.choose, tree_round_at (verify, walk, cache move: one trace).
+          top-k alone, DeviceTree.choose (as the loop runs it, and compiled), tree_round_at
+          (verify, walk, cache move: one trace), the tree's forward alone (mask and per-row
+          rope, no walk or move) and a chain forward of as many rows: their differences split
+          the tree round's extra cost between the per-row rope and mask, and the walk and move.
 The sums say what a round costs without the pipelining's overlap; the parts say which to cut.
 """
 
@@ -103,17 +106,29 @@ def main() -> None:
              f"chain verify ({cap + 1} rows + accept)": timed(chain_verify, args.repeats),
              "tree draft (compiled top-k)": timed(tree_draft, args.repeats),
              f"top-k alone ({cap} x vocab, k={TREE_TOP_K})": timed(topk_alone, args.repeats)}
+    start = cache[0].offset
     for n in [int(x) for x in args.nodes.split(",") if x.strip()]:
         tree = DeviceTree(n, cap)
         parts[f"tree{n} choose"] = timed(lambda: tree.choose(pending, top, logp), args.repeats)
+        compiled_choose = mx.compile(tree.choose)
+        parts[f"tree{n} choose (compiled)"] = timed(lambda: compiled_choose(pending, top, logp), args.repeats)
         chosen = tree.choose(pending, top, logp)
         mx.eval(chosen)
+        i, d, a, p = chosen
+        w = tree.width
+        parts[f"tree{n} verify+walk+move ({w} rows)"] = timed(
+            lambda: target.tree_round_at(i, d, a, p, cache, offset, capacity=bound, max_depth=cap, taps=taps)[0], args.repeats)
 
-        def tree_round(chosen=chosen):
-            i, d, a, p = chosen
-            return target.tree_round_at(i, d, a, p, cache, offset, capacity=bound, max_depth=cap, taps=taps)
+        def tree_forward_only():  # the tree's rows through the compiled forward: mask and per-row rope, no walk or move
+            out = target._at_offset[True].tree(i, d, a, cache, taps)
+            for c in cache:
+                c.offset = start
+            return out[0]
 
-        parts[f"tree{n} verify+walk+move ({tree.width} rows)"] = timed(tree_round, args.repeats)
+        parts[f"tree{n} forward only ({w} rows)"] = timed(tree_forward_only, args.repeats)
+        same_width = mx.concatenate([pending, mx.zeros((w - 1,), dtype=mx.uint32)])
+        parts[f"chain forward at the tree's width ({w} rows)"] = timed(
+            lambda: target.forward_at(same_width, cache, offset, capacity=bound, taps=taps).logits, args.repeats)
     print(f"{args.model}: a greedy step {unit * 1e3:.2f} ms")
     for name, s in parts.items():
         print(f"  {name:42s} {s * 1e3:7.2f} ms  {s / unit:5.2f} steps")
