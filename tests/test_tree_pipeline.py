@@ -321,3 +321,7 @@ def test_pipelined_trees_sample_the_target(qwen3, tiny_dirs, tmp_path, monkeypat
     a, b = (speculative_generate(target, tok, drafter, PROMPTS[0], max_new_tokens=12, max_draft_tokens=3, tree_nodes=6,
                                  pipeline=True, temperature=1.0, seed=5).token_ids for _ in range(2))
     assert a == b
+    speculative_generate(target, tok, drafter, PROMPTS[0], max_new_tokens=12, max_draft_tokens=3, tree_nodes=6, pipeline=True,
+                         temperature=1.0, seed=6)
+    traces = [k for k in target._at_offset[True]._fns if k[0] == "tree-round" and k[3] == (1.0, 1.0, 0)]
+    assert len(traces) == 1  # one trace for every seed of a distribution

@@ -28,8 +28,8 @@ from typing import Sequence
 import mlx.core as mx
 
 from ..errors import InputError
-from .sampling import SamplingParams, residual_sample, target_probs, tree_sampled_choice
 from .cache import BucketedKVCache
+from .sampling import SamplingParams, residual_sample, target_probs, tree_sampled_choice
 
 # Widest input the compiled path takes (pending token + drafts); prefill goes uncompiled.
 MAX_WIDTH = 16
@@ -132,7 +132,8 @@ class OffsetForward:
         return self._fns[key]
 
     def _tree_round_fn(self, taps: tuple[int, ...], max_depth: int, sampling: SamplingParams | None):
-        key = ("tree-round", taps, max_depth, sampling)
+        # One trace per distribution, not per seed: the seed only sets the random state it takes.
+        key = ("tree-round", taps, max_depth, sampling and (sampling.temperature, sampling.top_p, sampling.top_k))
         if key not in self._fns:
 
             def run(ids, keys, values, offset, depth, ancestors, parent, allowed):
