@@ -298,10 +298,14 @@ class TargetOracleHead:
         return mx.stack(tops).astype(mx.uint32), mx.stack(logps)
 
 
-def test_pipelined_trees_sample_the_target(qwen3, tiny_dirs, tmp_path, monkeypatch):
+@pytest.mark.parametrize("lookup", [False, True])
+def test_pipelined_trees_sample_the_target(qwen3, tiny_dirs, tmp_path, monkeypatch, lookup):
     """Tokens 2-4 sampled through pipelined trees follow plain sampling's distribution (chi-square,
-    ALPHA), with candidates good enough that most rounds accept drafts."""
+    ALPHA), with candidates good enough that most rounds accept drafts; with a lookup branch too
+    (its chain widens every tree, its rows allowed only where the match reaches; repeated sibling
+    tokens are covered by test_the_device_sampled_walk_is_the_host_walks)."""
     from dspark_lab.engine.generate import _setup
+    from dspark_lab.engine.speculative import LOOKUP_NS
     from dspark_lab.engine.text import TextStream
     from dspark_lab.engine.tree_pipeline import tree_pipelined_loop
 
@@ -314,9 +318,13 @@ def test_pipelined_trees_sample_the_target(qwen3, tiny_dirs, tmp_path, monkeypat
     runs = []
     for s in range(n):
         p, ids = _setup(target, tok, prompt, 4, 1.0, 1.0, 3, 7000 + s, False)
-        runs.append(tree_pipelined_loop(target, ids, p, oracle, nodes=6, max_new_tokens=4, cap=3, stream=TextStream(tok, None, None)))
+        runs.append(tree_pipelined_loop(target, ids, p, oracle, nodes=6, max_new_tokens=4, cap=3, stream=TextStream(tok, None, None),
+                                        lookup_n=LOOKUP_NS if lookup else ()))
     assert sum(sum(a - 1 for a in r.accept_lengths) for r in runs) > n  # drafts were accepted
+    assert set(runs[0].draft_lengths) == {6 + 3 if lookup else 6}
     assert_same_token_distribution(plain, [r.token_ids for r in runs], (1, 2, 3))
+    if lookup:
+        return
     # and through speculative_generate with the real head: sampled, not greedy, and seeded
     a, b = (speculative_generate(target, tok, drafter, PROMPTS[0], max_new_tokens=12, max_draft_tokens=3, tree_nodes=6,
                                  pipeline=True, temperature=1.0, seed=5).token_ids for _ in range(2))
