@@ -38,10 +38,10 @@ PROBE_RTOL = 1e-3
 # in low precision it rounds differently from a plain forward even when it is right (an H100 in
 # bfloat16: the 1.5B Qwen2's compiled tree 7.9e-3 from same-shape plain forwards, as much as the
 # chain's own rounding there). check_tree_forward holds it to TREE_NOISE_FACTOR times the
-# rounding the chain itself lives with on the same machine (the same path fed one row at a time,
-# as greedy decoding feeds it, against one block, as the chain's verify does), at least
-# PROBE_RTOL and never above TREE_RTOL_CEILING: a tree fed at wrong depths or with a wrong mask
-# is off by O(0.1-1).
+# rounding the chain itself lives with on the same machine (its tokens fed one row at a time, as
+# greedy decoding feeds them, against one forward, as the chain's verify does: chain_rounding),
+# at least PROBE_RTOL and never above TREE_RTOL_CEILING: a tree fed at wrong depths or with a
+# wrong mask is off by O(0.1-1).
 TREE_NOISE_FACTOR = 4.0
 TREE_RTOL_CEILING = 5e-2
 
@@ -567,7 +567,7 @@ class Target:
         ref_d, ref_e, ref_after = reference([r, b, d]), reference([r, b, e]), reference([r, a, c], then=nxt)
         want = mx.stack([ref_rac[0], ref_rac[1], ref_rb[1], ref_rac[2], ref_d[2], ref_e[2], ref_after[0]])
         err = _relative_difference(mx.concatenate([got, after]), want)
-        noise = self.chain_rounding(prefix, [r, a, c], ref_rac)
+        noise = self.chain_rounding(prefix + [r, a, c])
         limit = min(max(PROBE_RTOL, TREE_NOISE_FACTOR * noise), TREE_RTOL_CEILING)
         if not err <= limit:
             raise LoadError(f"the tree forward does not reproduce model_type {self.model_type!r} (relative difference "
@@ -576,13 +576,13 @@ class Target:
         self._tree_checked[mode] = err
         return err
 
-    def chain_rounding(self, prefix: list[int], path: list[int], block: mx.array) -> float:
-        """The relative difference between `path` fed one row at a time after `prefix` (as greedy
-        decoding feeds it) and `block`, its logits from one forward (as the chain's verify gets
-        them): the rounding speculative decoding already lives with on this machine and precision."""
+    def chain_rounding(self, tokens: list[int]) -> float:
+        """The relative difference between `tokens` fed one row at a time (as greedy decoding feeds
+        them) and fed as one forward (as the chain's verify feeds its rows), over every row: the
+        rounding speculative decoding already lives with on this machine and precision."""
+        block = self.forward(mx.array(tokens, dtype=mx.uint32), self.make_cache()).logits
         cache = self.make_cache()
-        self.forward(mx.array(prefix, dtype=mx.uint32), cache)
-        rows = [self.forward(mx.array([t], dtype=mx.uint32), cache).logits[-1] for t in path]
+        rows = [self.forward(mx.array([t], dtype=mx.uint32), cache).logits[-1] for t in tokens]
         return _relative_difference(mx.stack(rows), block)
 
     def taps_batch(self, ids: mx.array, taps: Sequence[int]) -> dict[int, mx.array]:
