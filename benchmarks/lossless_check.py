@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -132,8 +133,8 @@ def main() -> None:
             print(f"{arm} {domain or 'all'}: mean accept length {sum(acc) / len(acc):.3f} over {len(acc)} prompts (per-prompt mean)")
             rates = sorted(r["speedup"] for r in picked if r["speedup"])
             if rates:  # measured side by side with greedy on each prompt, after the warm-up
-                print(f"{arm} {domain or 'all'}: decode speedup over greedy, median {rates[len(rates) // 2]:.3f} "
-                      f"(range {rates[0]:.2f}-{rates[-1]:.2f}) over {len(rates)} prompts")
+                print(f"{arm} {domain or 'all'}: decode speedup over greedy, median {statistics.median(rates):.3f}, geometric mean "
+                      f"{statistics.geometric_mean(rates):.3f} (range {rates[0]:.2f}-{rates[-1]:.2f}) over {len(rates)} prompts")
             # Where the drafts fail: of the rounds that drafted position i, the share accepted up to it
             # (pooled over the prompts' rounds). A steep fall after position 1 says the chain is weak,
             # a low first value that the head's first guess is.
