@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{args.sharegpt}: no such file (the ShareGPT JSON; prepare_device_session.sh unpacks it into /tmp/dspark-session/sg)")
     if args.count < 1:
         raise SystemExit(f"--count must be at least 1, got {args.count}")
+    if args.max_context_chars is not None and args.max_context_chars < 1:
+        raise SystemExit(f"--max-context-chars must be at least 1 (the characters of talk a follow-up turn may have before it), "
+                         f"got {args.max_context_chars}")
     if not args.follow_ups and (args.skip_conversations or args.max_context_chars is not None):
         raise SystemExit("--skip-conversations and --max-context-chars choose follow-up turns: add --follow-ups")
     skip = [r for f in args.skip for r in read_jsonl(f)]

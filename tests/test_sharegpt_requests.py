@@ -124,4 +124,7 @@ def test_follow_up_options_without_follow_ups_are_refused(tmp_path):
     for extra in (["--skip-conversations", str(tmp_path / "held.jsonl")], ["--max-context-chars", "100"]):
         with pytest.raises(SystemExit, match="choose follow-up turns: add --follow-ups"):
             load_script("sharegpt_requests").main([str(sg), "--count", "1", "--out", str(out)] + extra)
+    for bad in ("0", "-5"):
+        with pytest.raises(SystemExit, match="--max-context-chars must be at least 1"):
+            load_script("sharegpt_requests").main([str(sg), "--count", "1", "--out", str(out), "--follow-ups", "--max-context-chars", bad])
     assert not out.exists()
