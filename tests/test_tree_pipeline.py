@@ -271,9 +271,14 @@ class TargetOracleHead:
     one, so deep accepts come partly, as they would from a good head."""
 
     def __init__(self, drafter, target, monkeypatch):
-        self.drafter, self.target, self.caches = drafter, target, []
+        self.drafter, self.target, self.cache = drafter, target, None
         make = target.make_cache
-        monkeypatch.setattr(target, "make_cache", lambda: self.caches.append(make()) or self.caches[-1])
+
+        def make_and_keep():  # the last cache made is the run's (InFlight makes it before the first draft)
+            self.cache = make()
+            return self.cache
+
+        monkeypatch.setattr(target, "make_cache", make_and_keep)
 
     def __getattr__(self, name):
         return getattr(self.drafter, name)
@@ -283,7 +288,7 @@ class TargetOracleHead:
 
         from dspark_lab.engine.topk import top_k_indices
 
-        copies = [copy.copy(c) for c in self.caches[-1]]  # the run's cache: its rows before `at` are committed
+        copies = [copy.copy(c) for c in self.cache]  # the run's cache: its rows before `at` are committed
         for c in copies:
             c.ensure(c.keys.shape[2] + cap + 1)
         tops, logps, token = [], [], pending
