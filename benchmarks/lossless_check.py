@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -118,7 +119,8 @@ def main() -> None:
         for n in pipe_trees:
             arms[f"dspark-tree{n}-pipe"] = pipe(ids, args.max_new_tokens, n)
         for name, r in arms.items():
-            div = first_divergence(target, ids, base.token_ids, r.token_ids)
+            nodes = re.match(r"dspark-tree(\d+)", name)  # a tree arm: a tree forward of its width among the divergence's widths
+            div = first_divergence(target, ids, base.token_ids, r.token_ids, tree_width=int(nodes.group(1)) + 1 if nodes else 0)
             rows.append({"prompt": p.id, "set": p.domain, "arm": name, "context": len(ids) + base.num_tokens, "identical": div is None,
                          "divergence": div, "mean_accept": round(r.mean_accept_len, 2),
                          "speedup": round(r.decode_tokens_per_sec / base.decode_tokens_per_sec, 3) if base.decode_tokens_per_sec else None,

@@ -46,6 +46,16 @@ def test_width_gaps_agree_in_float32(tiny_dirs):
     assert min(gaps.values()) > 0  # the greedy token wins at every width
     assert max(gaps.values()) - min(gaps.values()) < 1e-3
     assert set(width_gaps(target, prompt[:1], a_tok, b_tok, [])) == {"prefill"}  # nothing to cache before one token
+    # a tree arm's width: a tree forward whose root is the position, padded to that many rows, agrees too
+    for compiled in (True, False):
+        target.tree_compiled = compiled
+        with_tree = width_gaps(target, context, a_tok, b_tok, [b_tok] + ref[11:], width=4, tree_width=17)
+        assert set(with_tree) == set(gaps) | {"tree"} and abs(with_tree["tree"] - gaps["prefill"]) < 1e-3
+    # where the tree's rows are fed wrongly the gap moves: the check has teeth
+    real = target.forward_tree
+    target.forward_tree = lambda ids, depth, *a, **k: real(ids, [d + 3 for d in depth], *a, **k)
+    moved = width_gaps(target, context, a_tok, b_tok, [b_tok] + ref[11:], width=4, tree_width=17)["tree"]
+    assert abs(moved - gaps["prefill"]) > 1e-2
 
 
 def test_first_divergence_on_a_real_model_reports_a_real_gap(tiny_dirs):
@@ -61,6 +71,7 @@ def test_first_divergence_on_a_real_model_reports_a_real_gap(tiny_dirs):
     assert set(d["gaps"]) == {"prefill", "step", "verify_last", "verify_first"} and d["gap_spread"] < 1e-3
     assert d["gap"] == abs(d["logit_a"] - d["logit_b"]) and abs(d["gap"] - d["gaps"]["prefill"]) < 1e-3
     assert d["prefill_picks"] == "a"  # the greedy token is the fresh prefill's argmax
+    assert set(first_divergence(target, prompt, ref, other, tree_width=9)["gaps"]) == set(d["gaps"]) | {"tree"}
     assert first_divergence(target, prompt, other, ref)["prefill_picks"] == "b"
 
 

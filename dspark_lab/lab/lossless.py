@@ -7,7 +7,8 @@ first differing position and the logit gap of the two competing tokens there.
 
 How far "within that rounding" reaches is measured, not assumed: the gap is computed again by
 forwards of other widths (the whole prefix at once, one token after a cached prefix, a verify-wide
-block that ends at the position, one that starts there). Through a deep model in bfloat16 the
+block that ends at the position, one that starts there, and for a tree arm a tree forward of its
+width: rows rotated one by one and masked by an array, which round differently again). Through a deep model in bfloat16 the
 per-layer roundings add up to more than one rounding step of the logits, so one step alone would
 call some ties real (seen on Qwen2.5-Coder-0.5B on the H200: 10.75 vs 10.625, two steps apart).
 """
@@ -17,7 +18,9 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
+import numpy as np
 
+from ..engine.compiled import can_compile
 from ..engine.target import Target
 
 
@@ -69,15 +72,29 @@ def _next_logits(target: Target, fed: list[list[int]], row: int) -> mx.array:
     return target.forward(mx.array(fed[-1], dtype=mx.uint32), cache, last_only=row == -1).logits[row]
 
 
+def _tree_root_logits(target: Target, context: list[int], follow: list[int], width: int) -> mx.array | None:
+    """The position's logits from a tree forward (Target.forward_tree) of `width` rows: the context
+    but its last token fed plainly, then that token as the tree's root with `follow` as a chain
+    below it, padded to `width`. None for a target whose caches cannot take trees."""
+    cache = target.make_cache()
+    if not can_compile(cache):
+        return None
+    target.forward(mx.array(context[:-1], dtype=mx.uint32), cache)
+    rows = context[-1:] + follow[: width - 1]
+    return target.forward_tree(mx.array(rows, dtype=mx.uint32), list(range(len(rows))), np.tril(np.ones((len(rows),) * 2, dtype=bool)),
+                               cache, width=width).logits[0]
+
+
 def width_gaps(target: Target, context: list[int], a_tok: int, b_tok: int, follow: list[int],
-               width: int = VERIFY_WIDTH, prefill: mx.array | None = None) -> dict[str, float]:
+               width: int = VERIFY_WIDTH, prefill: mx.array | None = None, tree_width: int = 0) -> dict[str, float]:
     """The gap logit(a_tok) - logit(b_tok) at the position after `context`, computed by forwards of
     several widths: "prefill" (the whole context at once), "step" (one token after the rest),
     "verify_last" (a block of `width` ending at the position) and "verify_first" (a block of
     `width` starting there, its other rows `follow`: the other output's tokens from the position
     on, as the drafts of a verify there would be). Rows after the position do not reach its logits
     (causal attention); only the block's width does. `prefill`: that position's logits from a
-    whole-context forward already made, so it is not made again."""
+    whole-context forward already made, so it is not made again. `tree_width` > 1 adds "tree": a tree
+    forward of that many rows whose root is the position (_tree_root_logits), as a tree arm verifies."""
     n = len(context)
     plans = {"prefill": ([context], -1)}
     if n > 1:
@@ -91,18 +108,23 @@ def width_gaps(target: Target, context: list[int], a_tok: int, b_tok: int, follo
     for name, (fed, row) in plans.items():
         logits = (prefill if name == "prefill" and prefill is not None else _next_logits(target, fed, row)).astype(mx.float32)
         gaps[name] = round(logits[a_tok].item() - logits[b_tok].item(), 5)
+    if tree_width > 1 and n > 1:
+        logits = _tree_root_logits(target, context, follow, tree_width)
+        if logits is not None:
+            logits = logits.astype(mx.float32)
+            gaps["tree"] = round(logits[a_tok].item() - logits[b_tok].item(), 5)
     return gaps
 
 
 def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: list[int],
-                     width: int = VERIFY_WIDTH) -> dict | None:
+                     width: int = VERIFY_WIDTH, tree_width: int = 0) -> dict | None:
     """None when `a == b`; else the first differing index and the logits of both tokens there,
     from a fresh prefill of the common prefix (in the model's own logit dtype), and which of the
     two that prefill's argmax picks ("a", "b" or "other"): where it picks the token of the output
     that was not decoded step by step, the step-by-step path is the one that rounded away from it.
     `a` is the plain decode's output. "gap" is |logit_a - logit_b| from that prefill, "gaps" the
-    signed gap at each forward width (width_gaps), "tie" whether the difference is a numerical tie
-    across them and "why" says so."""
+    signed gap at each forward width (width_gaps; a tree forward of `tree_width` rows too, for a
+    tree arm's output), "tie" whether the difference is a numerical tie across them and "why" says so."""
     i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if i is None:
         return None if len(a) == len(b) else {"index": min(len(a), len(b)), "length_differs": True}
@@ -113,7 +135,7 @@ def first_divergence(target: Target, prompt_ids: list[int], a: list[int], b: lis
     la, lb = logits[a[i]].item(), logits[b[i]].item()
     best = int(mx.argmax(logits).item())
     picks = "a" if best == a[i] else "b" if best == b[i] else "other"
-    gaps = width_gaps(target, context, a[i], b[i], b[i:], width, prefill=out)
+    gaps = width_gaps(target, context, a[i], b[i], b[i:], width, prefill=out, tree_width=tree_width)
     tie, why = is_tie_across_widths(gaps, max(abs(la), abs(lb)), str(out.dtype))
     la, lb = round(la, 4), round(lb, 4)
     return {"index": i, "logit_a": la, "logit_b": lb, "gap": abs(la - lb), "top2_margin": round(top[1] - top[0], 4),

@@ -22,11 +22,11 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
                        on_result: Callable[[dict], None] | None = None) -> list[dict]:
     """One dict per stored trial that differs from its baseline (in `run_ids`, default all runs):
     its arm, prompt and first difference (lab/lossless.first_divergence, with the verify width of
-    the trial's cap), and its old and new verdicts. Loads each model once, stored as its id says."""
+    the trial's cap, and a tree arm's tree width), and its old and new verdicts. Loads each model once, stored as its id says."""
     from ..engine.text import encode_prompt
     from .lossless import first_divergence, verify_width
     from .prompts import load_prompt_sets
-    from .sweep import stored_baseline, load_variant
+    from .sweep import TREE_MODES, load_variant, stored_baseline
 
     with Session(engine) as s:
         query = select(Trial).where(Trial.lossless == False)  # noqa: E712
@@ -52,8 +52,9 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
         if prompt is None or base is None:
             raise InputError(f"trial {t.id} ({t.prompt_set}/{t.prompt_id} of run {t.run_id}) has no "
                              f"{'prompt in its set' if prompt is None else 'stored baseline'} to compare with.")
+        tree_width = cfg.get("tree_nodes", 16) + 1 if t.mode in TREE_MODES else 0  # (a grid without tree arms keeps no tree_nodes)
         d = first_divergence(target, encode_prompt(tok, prompt.as_input()), base, json.loads(t.output_ids),
-                             width=verify_width(t.cap))
+                             width=verify_width(t.cap), tree_width=tree_width)
         row = {"trial": t.id, "run_id": t.run_id, "arm": t.arm_key, "prompt": f"{t.prompt_set}/{t.prompt_id}",
                "trial_index": t.trial_index, "was_tie": t.mismatch_tie, "divergence": d,
                "tie": bool(d and d.get("tie")), "gap": d.get("gap") if d else None}

@@ -219,15 +219,17 @@ def _trial_row(run_id, arm: Arm, trial_index, pset, prompt, cfg, r, caps_chosen,
 MISMATCH_WORDS = ("NOT LOSSLESS", "differs at a tie")
 
 
-def _classify_mismatch(target, tok, prompt, ref: list[int], out: list[int], cap: str) -> tuple[float | None, bool | None, str]:
+def _classify_mismatch(target, tok, prompt, ref: list[int], out: list[int], cap: str,
+                       tree_width: int = 0) -> tuple[float | None, bool | None, str]:
     """(gap, tie, words) for a trial whose output differs from the baseline's: the logit gap of
     the two competing tokens at the first difference, and whether forwards of other widths move
     that gap by as much (a numerical tie: low-precision kernels of different widths may break it
-    either way; lab/lossless.py) or not (a real divergence, which a lossless engine must never show)."""
+    either way; lab/lossless.py) or not (a real divergence, which a lossless engine must never show).
+    `tree_width`: a tree arm's verify rows, for a tree forward among the widths."""
     from ..engine.text import encode_prompt
     from .lossless import first_divergence, verify_width
 
-    d = first_divergence(target, encode_prompt(tok, prompt.as_input()), ref, out, width=verify_width(cap))
+    d = first_divergence(target, encode_prompt(tok, prompt.as_input()), ref, out, width=verify_width(cap), tree_width=tree_width)
     if d is None or d.get("length_differs"):
         return None, False, "the outputs differ in length"
     kind = "a numerical tie" if d["tie"] else "a REAL divergence"
@@ -505,7 +507,8 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
                         mismatch = _first_mismatch(ref, r.token_ids)
                         lossless = mismatch is None
                         if not lossless:
-                            gap, tie, why = _classify_mismatch(target, tok, prompt, ref, r.token_ids, arm.cap)
+                            gap, tie, why = _classify_mismatch(target, tok, prompt, ref, r.token_ids, arm.cap,
+                                                               cfg.tree_nodes + 1 if arm.mode in TREE_MODES else 0)
                             msg = (f"{MISMATCH_WORDS[1] if tie else MISMATCH_WORDS[0]}: {arm.key} on {pset.name}/{prompt.id} "
                                    f"differs from baseline at token {mismatch}: {why}")
                             bar.console.print(f"[bold {'yellow' if tie else 'red'}]{msg}[/]")
