@@ -138,8 +138,8 @@ def tree_pipelined_loop(
     on_round=None,
 ) -> GenResult:
     """Tree drafts of `nodes` nodes at most `cap` deep, one round always in flight (see the module
-    doc); greedy, or an exact sample of the target at temperature > 0. `compile_draft`: the head's context append and candidates in one compiled trace.
-    `lookup_n`: n-gram lengths for a lookup branch matched on the device (pipeline.DeviceLookup),
+    doc); greedy, or an exact sample of the target at temperature > 0. `compile_draft`: the head's
+    context append and candidates in one compiled trace. `lookup_n`: n-gram lengths for a lookup branch matched on the device (pipeline.DeviceLookup),
     the continuation of the longest match joining each tree as one more chain below the root."""
     run = InFlight(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, stream=stream, on_round=on_round)
     cache, taps = run.cache, drafter.target_layer_ids
