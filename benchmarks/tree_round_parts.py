@@ -9,7 +9,8 @@ the same cache offset, evaluated alone (mx.eval), its median wall time over --re
 warm-up; a greedy decode step (one row, argmax) is the unit. Parts:
   chain:  draft_step_at (compiled draft, argmax per position), forward_at of cap+1 rows + verify;
   tree:   draft_top_at (compiled, the k best per position and their log-probabilities), the
-          top-k alone, DeviceTree.choose (as the loop runs it, and compiled), tree_round_at
+          top-k alone, DeviceTree.choose (alone, alone compiled, and in the draft's trace as the loop
+          runs it), tree_round_at
           (verify, walk, cache move: one trace), the tree's forward alone (mask and per-row
           rope, no walk or move) and a chain forward of as many rows: their differences split
           the tree round's extra cost between the per-row rope and mask, and the walk and move.
@@ -112,6 +113,9 @@ def main() -> None:
         parts[f"tree{n} choose"] = timed(lambda: tree.choose(pending, top, logp), args.repeats)
         compiled_choose = mx.compile(tree.choose)
         parts[f"tree{n} choose (compiled)"] = timed(lambda: compiled_choose(pending, top, logp), args.repeats)
+        parts[f"tree{n} draft + choose (one trace)"] = timed(
+            lambda: head.draft_top_at(None, None, pending, cap, TREE_TOP_K, offset, compiled=True, then=tree.choose,
+                                      then_key=tree.key), args.repeats)
         chosen = tree.choose(pending, top, logp)
         mx.eval(chosen)
         i, d, a, p = chosen
@@ -126,6 +130,15 @@ def main() -> None:
             return out[0]
 
         parts[f"tree{n} forward only ({w} rows)"] = timed(tree_forward_only, args.repeats)
+
+        @mx.compile
+        def move(keys, values, rows, at):  # the round's K/V move alone: a gather and a write per layer's keys and values
+            return ([mx.slice_update(k, mx.take(k, rows, axis=2), at, axes=(2,)) for k in keys],
+                    [mx.slice_update(v, mx.take(v, rows, axis=2), at, axes=(2,)) for v in values])
+
+        path_rows = offset + mx.arange(cap + 1)[::-1]
+        parts[f"K/V move alone ({cap + 1} rows, every layer)"] = timed(
+            lambda: move([c.keys for c in cache], [c.values for c in cache], path_rows, offset.reshape(1)), args.repeats)
         same_width = mx.concatenate([pending, mx.zeros((w - 1,), dtype=mx.uint32)])
         parts[f"chain forward at the tree's width ({w} rows)"] = timed(
             lambda: target.forward_at(same_width, cache, offset, capacity=bound, taps=taps).logits, args.repeats)

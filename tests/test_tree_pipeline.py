@@ -135,14 +135,14 @@ class OracleHead:
     def __getattr__(self, name):
         return getattr(self.drafter, name)
 
-    def draft_top_at(self, rows, rows_at, pending, cap, k, at, *, compiled=False):
+    def draft_top_at(self, rows, rows_at, pending, cap, k, at, *, compiled=False, then=None, then_key=()):
         top, logp = self.drafter.draft_top_at(rows, rows_at, pending, cap, k, at, compiled=compiled)
         truth = mx.take(self.ref, at + 1 + mx.arange(cap))  # the tokens after the pending one (at `at`)
         rank = mx.array(self.rng.integers(0, 3, size=cap))
         slots = mx.arange(k)[None] == rank[:, None]
         top = mx.where(slots, truth[:, None], mx.where(top == truth[:, None], (top + 1) % 64, top))
         logp = mx.broadcast_to(mx.array(np.log(np.linspace(0.5, 0.05, k)).astype(np.float32))[None], (cap, k))
-        return top, logp
+        return (top, logp) if then is None else then(pending, top, logp)
 
 
 def test_pipelined_trees_are_lossless_greedy(qwen3, greedy_refs, tiny_dirs, tmp_path):
@@ -283,7 +283,7 @@ class TargetOracleHead:
     def __getattr__(self, name):
         return getattr(self.drafter, name)
 
-    def draft_top_at(self, rows, rows_at, pending, cap, k, at, *, compiled=False):
+    def draft_top_at(self, rows, rows_at, pending, cap, k, at, *, compiled=False, then=None, then_key=()):
         import copy
 
         from dspark_lab.engine.topk import top_k_indices
@@ -300,7 +300,8 @@ class TargetOracleHead:
             tops.append(top)
             logps.append(logp[top])
             token = top[:1].astype(mx.uint32)
-        return mx.stack(tops).astype(mx.uint32), mx.stack(logps)
+        top, logp = mx.stack(tops).astype(mx.uint32), mx.stack(logps)
+        return (top, logp) if then is None else then(pending, top, logp)
 
 
 @pytest.mark.parametrize("lookup", [False, True])

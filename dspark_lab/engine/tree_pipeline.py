@@ -20,7 +20,7 @@ waits twice would give much of its longer accepts back. Here the whole round sta
   path's keys and values move into place at an array offset (Target.tree_round_at, one compiled
   trace, the random draws inside it).
 - The head's context gains the path's tapped rows at that offset, in the next round's compiled
-  draft (DSparkDrafter.draft_top_at).
+  draft (DSparkDrafter.draft_top_at), in the same trace as the tree's choice.
 
 The host reads each verdict one round late, to stream the text and stop. With `lookup_n`, an
 n-gram match over the committed text, kept on the device (pipeline.DeviceLookup), adds its
@@ -86,6 +86,7 @@ class DeviceTree:
         penalty = anc.astype(np.float32) @ (np.array(layout.rank[1:], dtype=np.float32) + 1.0)
         self._anc_f = mx.array(anc.astype(np.float32))
         self._penalty = mx.array(TIE_BREAK * penalty)
+        self.key = ("tree", nodes, depth, k)  # everything choose's arrays depend on (a compiled trace's key)
 
     def choose(self, pending: mx.array, top: mx.array, logp: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
         """From the head's (depth, k) candidates and log-probabilities: the tree's rows (ids: the
@@ -158,8 +159,9 @@ def tree_pipelined_loop(
         # most depth + 1 rows each, this one writes the tree's rows (and moves at most depth + 1).
         bound = run.known_len + (depth + 1) * len(run.rounds) + max(width, depth + 1)
         drafter.ensure_capacity(bound + drafter.config.block_size)
-        top, logp = drafter.draft_top_at(rows, rows_at, pending, depth, TREE_TOP_K, offset, compiled=compile_draft)
-        ids, row_depth, ancestors, parent = tree.choose(pending, top, logp)
+        # The tree is chosen in the draft's trace: its few dozen small ops fuse there, not one kernel each.
+        ids, row_depth, ancestors, parent = drafter.draft_top_at(rows, rows_at, pending, depth, TREE_TOP_K, offset,
+                                                                 compiled=compile_draft, then=tree.choose, then_key=tree.key)
         allowed = None
         if lookup is not None:
             tokens, usable = lookup.propose_after(pending, offset, depth, bound)

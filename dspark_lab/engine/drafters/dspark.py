@@ -359,15 +359,22 @@ class DSparkDrafter(ContextDrafter):
         return BlockOut(tokens, None, None)
 
     def draft_top_at(self, rows: dict[int, mx.array] | None, rows_at: mx.array | None, pending: mx.array, cap: int, k: int,
-                     at: mx.array, *, compiled: bool = False) -> tuple[mx.array, mx.array]:
+                     at: mx.array, *, compiled: bool = False, then=None, then_key: tuple = ()) -> tuple:
         """The pipelined tree loop's drafting: `append_context_at(rows, rows_at)`, then the head's
         k best candidates at each of `cap` positions after `pending`, the block placed at `at`
-        (draft_top's result, lazy). `compiled`: one trace per round, as draft_step_at."""
+        (draft_top's result, lazy). `then(pending, top, logp)`, if given, is applied to them and its
+        tuple returned instead: the tree's choice (tree_pipeline.DeviceTree.choose), so that it
+        joins the same trace. `compiled`: one trace per round, as draft_step_at, kept per
+        `then_key`, which must name everything `then` depends on."""
+        def draw(p, a):
+            top, logp = self.draft_top(p, cap, k, at=a)
+            return (top, logp) if then is None else tuple(then(p, top, logp))
+
         if not compiled:
             if rows is not None:
                 self.append_context_at(rows, rows_at)
-            return self.draft_top(pending, cap, k, at=at)
-        return self._step_at(("top", cap, k), rows, rows_at, pending, at, lambda p, a: self.draft_top(p, cap, k, at=a))
+            return draw(pending, at)
+        return self._step_at(("top", cap, k, then is not None, then_key), rows, rows_at, pending, at, draw)
 
     def _step_at(self, key: tuple, rows: dict[int, mx.array] | None, rows_at: mx.array | None, pending: mx.array,
                  at: mx.array, draw) -> tuple:
