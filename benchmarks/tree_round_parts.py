@@ -2,7 +2,7 @@
 pair (docs/performance.md, thirty-sixth round: on the H100 a one-node tree round cost more than
 a chain round of 8 rows).
 
-    python benchmarks/tree_round_parts.py --model DIR --head DIR [--drafter-bits 16] [--dtype float32] [--cap 7] [--nodes 1,16,32] [--repeats 30]
+    python benchmarks/tree_round_parts.py --model DIR --head DIR [--drafter-bits 16] [--dtype float32] [--dequantize] [--cap 7] [--nodes 1,16,32] [--repeats 30]
 
 After a prompt's prefill (InFlight, as the pipelined loops start), each part runs on its own at
 the same cache offset, evaluated alone (mx.eval), its median wall time over --repeats after
@@ -60,13 +60,14 @@ def main() -> None:
     ap.add_argument("--head", required=True)
     ap.add_argument("--drafter-bits", type=int, default=16)
     ap.add_argument("--dtype", default=None, help="load the target in this precision (float32 on a CPU)")
+    ap.add_argument("--dequantize", action="store_true", help="a quantized target's layers as float matrices (the width costs of its bf16 copy)")
     ap.add_argument("--cap", type=int, default=7)
     ap.add_argument("--nodes", default="1,16,32")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    target, tok = load_target(args.model, dtype=args.dtype)
+    target, tok = load_target(args.model, dtype=args.dtype, dequantize=args.dequantize)
     head = load_dspark(args.head, target, bits=args.drafter_bits)
     params = SamplingParams()
     ids = encode_prompt(tok, PROMPT)
