@@ -16,6 +16,11 @@
 #     dspark-tree and dspark-tree-pipe (TREE_SWEEP nodes, default 16; the pipelined trees with the compiled
 #     draft) at CAPS (default 7), SWEEP_PROMPTS (default 4)
 #     prompts a set, 2 trials -> OUT/NAME/sweep.json, for `dspark-lab ingest` here.
+#  PARTS=1 adds, before each evaluation, tree_round_parts.py (a round's parts timed alone, trees of
+#  PARTS_NODES nodes, default 7,16,32) -> OUT/NAME/parts.{json,log}; PRECISIONS=stored,dequantized
+#  repeats the parts and the evaluation on the target's bf16 copy (--dequantize: the thirty-seventh
+#  round found the 4-bit verify paying for every row, which a bf16 matmul should not)
+#  -> OUT/NAME/{parts,eval_trees}_dequantized.*; the sweep runs on the stored weights.
 # Heads unquantized (--drafter-bits 16), as every device evaluation of them. An empty TREES, TREE_PLAIN or
 # TREE_PIPE leaves those arms out.
 set -u
@@ -33,10 +38,21 @@ for name in "$@"; do
   run=$out/$name
   mkdir -p "$run"
   python3 benchmarks/tree_check.py "$model" 2>&1 | tee "$run/tree_check.log"
-  python3 benchmarks/lossless_check.py --model "$model" --head "$head" --drafter-bits 16 --prompts code,math,chat --limit "${EVAL_LIMIT:-8}" \
-    --max-new-tokens 128 --cap 7 --no-lookup-arm --tree-nodes "${TREES-8,16,32}" --tree-plain "${TREE_PLAIN-16}" --tree-pipe "${TREE_PIPE-16,32}" --pipe-arm --out "$run/eval_trees.json" \
-    > "$run/eval_trees.log" 2>&1
-  echo "$name eval rc=$? at ${SECONDS}s"; grep "mean accept length\|speedup\|identical;" "$run/eval_trees.log"
+  for precision in $(echo "${PRECISIONS:-stored}" | tr , ' '); do
+    case $precision in
+      stored) flag= suffix= ;;
+      dequantized) flag=--dequantize suffix=_dequantized ;;
+      *) echo "unknown precision $precision (stored, dequantized)"; exit 2 ;;
+    esac
+    if [ "${PARTS:-0}" = 1 ]; then
+      python3 benchmarks/tree_round_parts.py --model "$model" --head "$head" $flag --nodes "${PARTS_NODES:-7,16,32}" \
+        --json "$run/parts$suffix.json" 2>&1 | tee "$run/parts$suffix.log"
+    fi
+    python3 benchmarks/lossless_check.py --model "$model" --head "$head" $flag --drafter-bits 16 --prompts code,math,chat --limit "${EVAL_LIMIT:-8}" \
+      --max-new-tokens 128 --cap 7 --no-lookup-arm --tree-nodes "${TREES-8,16,32}" --tree-plain "${TREE_PLAIN-16}" --tree-pipe "${TREE_PIPE-16,32}" --pipe-arm \
+      --out "$run/eval_trees$suffix.json" > "$run/eval_trees$suffix.log" 2>&1
+    echo "$name $precision eval rc=$? at ${SECONDS}s"; grep "mean accept length\|speedup\|identical;" "$run/eval_trees$suffix.log"
+  done
   if [ "${SWEEP:-1}" = 1 ]; then
     python3 -m dspark_lab sweep -m "$model" -d "$head" --drafter-bits 16 --modes dspark,dspark-pipe,dspark-tree,dspark-tree-pipe --compile-draft \
       --tree-nodes "${TREE_SWEEP:-16}" --caps "${CAPS:-7}" --prompts code,math,chat --prompt-limit "${SWEEP_PROMPTS:-4}" --trials 2 \

@@ -318,6 +318,19 @@ def test_the_device_script_evaluates_then_sweeps_each_model(tmp_path):
     assert "--tree-plain 16 " in calls[0] and "--tree-pipe 16,32 " in calls[0] and "--pipe-arm" in calls[0]
     assert "--modes dspark,dspark-pipe,dspark-tree,dspark-tree-pipe " in calls[1] and "--tree-nodes 16 " in calls[1] and f"{out}/qwen15/sweep.json" in calls[1]
     assert "qwen2.5-coder-0.5b" in calls[2] and (out / "qwen05").is_dir()
+    # The round's parts timed first, then both evaluations, on the stored weights and on their bf16 copy
+    (tmp_path / "calls").unlink()
+    r = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen05"], env={**env, "PARTS": "1", "PRECISIONS": "stored,dequantized",
+                       "SWEEP": "0", "PARTS_NODES": "7,16"}, capture_output=True, text=True, cwd=BENCHMARKS.parent)
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()[1:]  # after the tree check
+    assert [c.split()[0] for c in calls] == ["benchmarks/tree_round_parts.py", "benchmarks/lossless_check.py"] * 2
+    assert "--dequantize" not in calls[0] + calls[1] and all("--dequantize" in c for c in calls[2:])
+    assert "--nodes 7,16 " in calls[0] and f"{out}/qwen05/parts_dequantized.json" in calls[2]
+    assert f"{out}/qwen05/eval_trees.json" in calls[1] and f"{out}/qwen05/eval_trees_dequantized.json" in calls[3]
+    odd = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen05"], env={**env, "PRECISIONS": "float8"},
+                         capture_output=True, text=True, cwd=BENCHMARKS.parent)
+    assert odd.returncode == 2 and "unknown precision float8" in odd.stdout
     bad = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen7"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown model qwen7" in bad.stdout
     env["HEADS"] = str(tmp_path / "none")
