@@ -35,6 +35,7 @@ from dspark_lab.engine.generate import position_acceptance
 from dspark_lab.engine.text import encode_prompt
 from dspark_lab.lab.lossless import first_divergence
 from dspark_lab.lab.prompts import load_prompt_sets
+from dspark_lab.lab.sweep import tree_verify_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_prompts import math_without_twin  # noqa: E402  (leaves out the math prompts a training template copies)
@@ -119,8 +120,10 @@ def main() -> None:
         for n in pipe_trees:
             arms[f"dspark-tree{n}-pipe"] = pipe(ids, args.max_new_tokens, n)
         for name, r in arms.items():
-            nodes = re.match(r"dspark-tree(\d+)", name)  # a tree arm: a tree forward of its width among the divergence's widths
-            div = first_divergence(target, ids, base.token_ids, r.token_ids, tree_width=int(nodes.group(1)) + 1 if nodes else 0)
+            nodes = re.match(r"dspark-tree(\d+)", name)  # a tree arm: a tree forward of its rows among the divergence's widths
+            rows_fed = tree_verify_rows(name.endswith("-pipe"), int(nodes.group(1)), args.cap, head.config.max_drafts,
+                                        args.lookup_drafts) if nodes else 0
+            div = first_divergence(target, ids, base.token_ids, r.token_ids, tree_width=rows_fed)
             rows.append({"prompt": p.id, "set": p.domain, "arm": name, "context": len(ids) + base.num_tokens, "identical": div is None,
                          "divergence": div, "mean_accept": round(r.mean_accept_len, 2),
                          "speedup": round(r.decode_tokens_per_sec / base.decode_tokens_per_sec, 3) if base.decode_tokens_per_sec else None,

@@ -102,7 +102,7 @@ def test_the_pipelined_loop_is_an_arm_of_its_own(tiny_dirs, head, tmp_path):
     assert rows(db, "select count(*) from trials where mode = 'dspark-pipe' and cap = 'auto' and caps_chosen is not null")[0][0] == 4
 
 
-def test_tree_arms_run_lossless_at_fixed_caps(tiny_dirs, tmp_path):
+def test_tree_arms_run_lossless_at_fixed_caps(tiny_dirs, tmp_path, monkeypatch):
     """dspark-tree runs a head without a Markov term at the grid's fixed caps (no auto arm: no tree
     cost curves), lossless, with its tree size in the run's config and stamp; a head with a Markov
     term is skipped in that mode by name, and still runs in dspark."""
@@ -123,6 +123,22 @@ def test_tree_arms_run_lossless_at_fixed_caps(tiny_dirs, tmp_path):
     assert max(max(json.loads(d)) for (d,) in rows(db, "select draft_lengths from trials where mode = 'dspark-tree'")) <= 6 + 3
     (stamp, config), = rows(db, "select device_stamp, config from runs")
     assert json.loads(config)["tree_nodes"] == 6 and json.loads(stamp)["engine_options"]["tree_nodes"] == 6
+    # Rechecked as mismatches, each tree arm's divergence is measured through a tree forward of the
+    # rows its verify fed: the plain loop's 6 nodes, root and a lookup branch padded to the head's
+    # max_drafts (4: block 4, logits from its first row), whatever the cap; the pipelined loop's
+    # 6 nodes and root (no pipe_lookup in this grid).
+    from dspark_lab.lab import lossless
+    from dspark_lab.lab.recheck import recheck_mismatches
+
+    engine = open_db(db)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("update trials set lossless = false where mode in ('dspark-tree', 'dspark-tree-pipe')")
+    widths = {}
+    monkeypatch.setattr(lossless, "first_divergence",
+                        lambda *a, tree_width=0, **k: widths.setdefault(tree_width, 0) and None)
+    assert len(recheck_mismatches(engine)) == 8
+    engine.dispose()
+    assert set(widths) == {6 + 1 + 4, 6 + 1}
     with pytest.raises(InputError, match="tree-nodes must be >= 1"):
         small_config(tiny_dirs["qwen3"], markov_free, tree_nodes=0)
 

@@ -336,3 +336,21 @@ def test_the_device_script_evaluates_then_sweeps_each_model(tmp_path):
     env["HEADS"] = str(tmp_path / "none")
     missing = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen15"], env=env, capture_output=True, text=True)
     assert missing.returncode == 2 and "no head at" in missing.stdout
+
+
+def test_the_classifier_gets_each_tree_arms_verify_rows():
+    """lab/sweep.tree_verify_rows: the rows the arm's forward really feeds, padding included, so
+    the mismatch classifier's tree forward rounds as the arm's did: the plain tree loop's graft
+    rows with lookup, the pipelined one's tree (capped by its superset) plus a cap-deep lookup
+    chain with lookup; sweep_tree_rows as the sweep runs them (plain trees always with lookup)."""
+    from dspark_lab.engine.tree_pipeline import DeviceTree
+    from dspark_lab.lab.sweep import sweep_tree_rows, tree_verify_rows
+
+    assert tree_verify_rows(False, 16, 7, 7, True) == 16 + 1 + 7
+    assert tree_verify_rows(False, 16, 7, 7, False) == 17
+    assert tree_verify_rows(True, 16, 7, 7, False) == 17
+    assert tree_verify_rows(True, 16, 7, 7, True) == 17 + 7
+    assert tree_verify_rows(True, 16, 4, 7, True) == 17 + 4
+    assert tree_verify_rows(True, 16, 1, 7, False) == DeviceTree(16, 1).width == 9  # one position: its 8 candidates
+    assert sweep_tree_rows("dspark-tree", 16, "7", 7, False) == 24 and sweep_tree_rows("dspark-tree-pipe", 16, "7", 7, False) == 17
+    assert sweep_tree_rows("dspark-pipe", 16, "7", 7, True) == 0

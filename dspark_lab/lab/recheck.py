@@ -26,7 +26,8 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
     from ..engine.text import encode_prompt
     from .lossless import first_divergence, verify_width
     from .prompts import load_prompt_sets
-    from .sweep import TREE_MODES, load_variant, stored_baseline
+    from ..engine.drafters.load import load_dspark
+    from .sweep import TREE_MODES, load_variant, stored_baseline, sweep_tree_rows
 
     with Session(engine) as s:
         query = select(Trial).where(Trial.lossless == False)  # noqa: E712
@@ -34,7 +35,7 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
             query = query.where(Trial.run_id.in_(run_ids))
         bad = s.exec(query.order_by(Trial.model_id, Trial.run_id, Trial.id)).all()
         runs = {r.id: json.loads(r.config) for r in s.exec(select(Run)).all()}
-    results, loaded, sets = [], {}, {}
+    results, loaded, sets, max_drafts = [], {}, {}, {}
     for t in bad:
         cfg = runs[t.run_id]
         if t.model_id not in loaded:
@@ -52,7 +53,12 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
         if prompt is None or base is None:
             raise InputError(f"trial {t.id} ({t.prompt_set}/{t.prompt_id} of run {t.run_id}) has no "
                              f"{'prompt in its set' if prompt is None else 'stored baseline'} to compare with.")
-        tree_width = cfg.get("tree_nodes", 16) + 1 if t.mode in TREE_MODES else 0  # (a grid without tree arms keeps no tree_nodes)
+        tree_width = 0
+        if t.mode in TREE_MODES:  # the arm's verify rows: its head's max_drafts says how deep a lookup branch went
+            if (t.model_id, t.drafter_id) not in max_drafts:
+                max_drafts[(t.model_id, t.drafter_id)] = load_dspark(t.drafter_id, target, bits=cfg.get("drafter_bits") or 4).config.max_drafts
+            tree_width = sweep_tree_rows(t.mode, cfg.get("tree_nodes", 16), t.cap, max_drafts[(t.model_id, t.drafter_id)],
+                                         bool(cfg.get("pipe_lookup")))
         d = first_divergence(target, encode_prompt(tok, prompt.as_input()), base, json.loads(t.output_ids),
                              width=verify_width(t.cap), tree_width=tree_width)
         row = {"trial": t.id, "run_id": t.run_id, "arm": t.arm_key, "prompt": f"{t.prompt_set}/{t.prompt_id}",
