@@ -23,10 +23,10 @@ def recheck_mismatches(engine, run_ids: list[str] | None = None, *, update: bool
     """One dict per stored trial that differs from its baseline (in `run_ids`, default all runs):
     its arm, prompt and first difference (lab/lossless.first_divergence, with the verify width of
     the trial's cap, and a tree arm's tree width), and its old and new verdicts. Loads each model once, stored as its id says."""
+    from ..engine.drafters.load import load_dspark
     from ..engine.text import encode_prompt
     from .lossless import first_divergence, verify_width
     from .prompts import load_prompt_sets
-    from ..engine.drafters.load import load_dspark
     from .sweep import TREE_MODES, load_variant, stored_baseline, sweep_tree_rows
 
     with Session(engine) as s:

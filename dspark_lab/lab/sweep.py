@@ -41,29 +41,6 @@ NON_DRAFTING_MODES = ("baseline", *REFERENCE_MODES)
 BANDWIDTH_MIB = {"gpu": 1024, "cpu": 64}
 HEAD_MODES = ("dspark", "dspark-pipe", "dspark-tree", "dspark-tree-pipe", "dflash")  # modes that need a drafter head
 TREE_MODES = ("dspark-tree", "dspark-tree-pipe")  # head modes that verify trees (tree_nodes; fixed caps only)
-
-
-def tree_verify_rows(pipelined: bool, nodes: int, cap: str | int, max_drafts: int, lookup: bool) -> int:
-    """The rows a tree arm's verify forward feeds, padding included, which the mismatch classifier's
-    tree forward must match to reproduce its rounding: the plain tree loop's nodes and root, and
-    with `lookup` a grafted branch padded to the head's max_drafts rows (engine/tree.tree_loop);
-    the pipelined loop's tree (its nodes capped by its superset) and root, and with `lookup` a
-    cap-deep chain (engine/tree_pipeline). The sweep runs its plain tree arms with lookup, its
-    pipelined ones with the grid's pipe_lookup."""
-    from ..engine.tree_pipeline import DeviceTree
-
-    if not pipelined:
-        return nodes + 1 + (max_drafts if lookup else 0)
-    depth = max(1, min(int(cap), max_drafts))
-    return DeviceTree(nodes, depth).width + (depth if lookup else 0)
-
-
-def sweep_tree_rows(mode: str, nodes: int, cap: str | int, max_drafts: int, pipe_lookup: bool) -> int:
-    """tree_verify_rows for a sweep's arm of `mode` (0 for a chain arm)."""
-    if mode not in TREE_MODES:
-        return 0
-    pipelined = mode == "dspark-tree-pipe"
-    return tree_verify_rows(pipelined, nodes, cap, max_drafts, pipe_lookup if pipelined else True)
 # dspark-pipe: a DSpark head through the pipelined loop (engine/pipeline.py), head drafts only
 # unless the grid sets pipe_lookup (device-side lookup drafts) or compile_draft; draft-pipe: a
 # draft model through the same loop. dspark-tree: a DSpark head without a Markov term verifying a
@@ -143,6 +120,29 @@ class SweepConfig:
         if fields["precisions"] == [AS_LOADED]:
             del fields["precisions"]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tree_verify_rows(pipelined: bool, nodes: int, cap: str | int, max_drafts: int, lookup: bool) -> int:
+    """The rows a tree arm's verify forward feeds, padding included, which the mismatch classifier's
+    tree forward must match to reproduce its rounding: the plain tree loop's nodes and root, and
+    with `lookup` a grafted branch padded to the head's max_drafts rows (engine/tree.tree_loop);
+    the pipelined loop's tree (its nodes capped by its superset) and root, and with `lookup` a
+    cap-deep chain (engine/tree_pipeline). The sweep runs its plain tree arms with lookup, its
+    pipelined ones with the grid's pipe_lookup."""
+    from ..engine.tree_pipeline import DeviceTree
+
+    if not pipelined:
+        return nodes + 1 + (max_drafts if lookup else 0)
+    depth = max(1, min(int(cap), max_drafts))
+    return DeviceTree(nodes, depth).width + (depth if lookup else 0)
+
+
+def sweep_tree_rows(mode: str, nodes: int, cap: str | int, max_drafts: int, pipe_lookup: bool) -> int:
+    """tree_verify_rows for a sweep's arm of `mode` (0 for a chain arm)."""
+    if mode not in TREE_MODES:
+        return 0
+    pipelined = mode == "dspark-tree-pipe"
+    return tree_verify_rows(pipelined, nodes, cap, max_drafts, pipe_lookup if pipelined else True)
 
 
 def check_precision(precision) -> str:
