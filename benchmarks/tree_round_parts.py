@@ -109,8 +109,10 @@ def main() -> None:
              "tree draft (compiled top-k)": timed(tree_draft, args.repeats),
              f"top-k alone ({cap} x vocab, k={TREE_TOP_K})": timed(topk_alone, args.repeats)}
     start = cache[0].offset
-    nodes = [int(x) for x in args.nodes.split(",") if x.strip()]
-    for n in nodes:
+    # A round as the pipelined loops run it, its parts summed (no overlap): the chain's draft and
+    # verify; a tree's draft with its choice in one trace, and its verify, walk and move.
+    rounds = {"chain": parts["chain draft (compiled)"] + parts[f"chain verify ({cap + 1} rows + accept)"]}
+    for n in [int(x) for x in args.nodes.split(",") if x.strip()]:
         tree = DeviceTree(n, cap)
         parts[f"tree{n} choose"] = timed(lambda: tree.choose(pending, top, logp), args.repeats)
         compiled_choose = mx.compile(tree.choose)
@@ -144,11 +146,6 @@ def main() -> None:
         same_width = mx.concatenate([pending, mx.zeros((w - 1,), dtype=mx.uint32)])
         parts[f"chain forward at the tree's width ({w} rows)"] = timed(
             lambda: target.forward_at(same_width, cache, offset, capacity=bound, taps=taps).logits, args.repeats)
-    # A round as the pipelined loops run it, its parts summed (no overlap): the chain's draft and
-    # verify; a tree's draft with its choice in one trace, and its verify, walk and move.
-    rounds = {"chain": parts["chain draft (compiled)"] + parts[f"chain verify ({cap + 1} rows + accept)"]}
-    for n in nodes:
-        w = DeviceTree(n, cap).width
         rounds[f"tree{n}"] = parts[f"tree{n} draft + choose (one trace)"] + parts[f"tree{n} verify+walk+move ({w} rows)"]
     print(f"{args.model}: a greedy step {unit * 1e3:.2f} ms")
     for name, s in parts.items():

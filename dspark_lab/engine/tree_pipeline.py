@@ -88,6 +88,16 @@ class DeviceTree:
         self._penalty = mx.array(TIE_BREAK * penalty)
         self.key = ("tree", nodes, depth, k)  # everything choose's arrays depend on (a compiled trace's key)
 
+    @classmethod
+    def for_cap(cls, nodes: int, cap: int, max_drafts: int) -> "DeviceTree":
+        """The tree a pipelined run of `cap` uses: as deep as the cap, the head's max_drafts allow."""
+        return cls(nodes, max(1, min(cap, max_drafts)))
+
+    def verify_rows(self, lookup: bool) -> int:
+        """The rows each round's verify feeds: the pending token and the nodes, and with `lookup` a
+        chain as deep as the tree (the lab's mismatch classifier reproduces this forward's rounding)."""
+        return self.width + (self.depth if lookup else 0)
+
     def choose(self, pending: mx.array, top: mx.array, logp: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
         """From the head's (depth, k) candidates and log-probabilities: the tree's rows (ids: the
         pending token, then the chosen nodes in breadth-first order), each row's depth, its
@@ -144,14 +154,14 @@ def tree_pipelined_loop(
     the continuation of the longest match joining each tree as one more chain below the root."""
     run = InFlight(target, prompt_ids, params, drafter, max_new_tokens=max_new_tokens, stream=stream, on_round=on_round)
     cache, taps = run.cache, drafter.target_layer_ids
-    depth = max(1, min(cap, drafter.config.max_drafts))
-    tree = DeviceTree(nodes, depth)
+    tree = DeviceTree.for_cap(nodes, cap, drafter.config.max_drafts)
+    depth = tree.depth
     sampling = None if params.greedy else params
     pending = mx.array([run.first_token], dtype=mx.uint32)
     offset = mx.array(len(prompt_ids), dtype=mx.int32)  # target cache length == head context length
     rows, rows_at = None, None  # the previous round's kept path's tapped rows, and where they go in the head's context
     lookup = DeviceLookup(prompt_ids, lookup_n) if lookup_n else None
-    width = tree.width + (depth if lookup is not None else 0)
+    width = tree.verify_rows(lookup is not None)
 
     def build() -> None:
         nonlocal pending, offset, rows, rows_at

@@ -125,16 +125,15 @@ class SweepConfig:
 def tree_verify_rows(pipelined: bool, nodes: int, cap: str | int, max_drafts: int, lookup: bool) -> int:
     """The rows a tree arm's verify forward feeds, padding included, which the mismatch classifier's
     tree forward must match to reproduce its rounding: the plain tree loop's nodes and root, and
-    with `lookup` a grafted branch padded to the head's max_drafts rows (engine/tree.tree_loop);
-    the pipelined loop's tree (its nodes capped by its superset) and root, and with `lookup` a
-    cap-deep chain (engine/tree_pipeline). The sweep runs its plain tree arms with lookup, its
-    pipelined ones with the grid's pipe_lookup."""
+    with `lookup` a grafted branch padded to the head's max_drafts rows (engine/tree.tree_loop's
+    width: HeadTreeSource.graft_rows); the pipelined loop's, as it computes them
+    (DeviceTree.verify_rows). The sweep runs its plain tree arms with lookup, its pipelined ones
+    with the grid's pipe_lookup."""
     from ..engine.tree_pipeline import DeviceTree
 
     if not pipelined:
         return nodes + 1 + (max_drafts if lookup else 0)
-    depth = max(1, min(int(cap), max_drafts))
-    return DeviceTree(nodes, depth).width + (depth if lookup else 0)
+    return DeviceTree.for_cap(nodes, int(cap), max_drafts).verify_rows(lookup)
 
 
 def sweep_tree_rows(mode: str, nodes: int, cap: str | int, max_drafts: int, pipe_lookup: bool) -> int:
