@@ -20,7 +20,11 @@
 #  PARTS_NODES nodes, default 7,16,32) -> OUT/NAME/parts.{json,log}; PRECISIONS=stored,dequantized
 #  repeats the parts and the evaluation on the target's bf16 copy (--dequantize: the thirty-seventh
 #  round found the 4-bit verify paying for every row, which a bf16 matmul should not)
-#  -> OUT/NAME/{parts,eval_trees}_dequantized.*; the sweep runs on the stored weights.
+#  -> OUT/NAME/{parts,eval_trees}_dequantized.*; PRECISIONS=kernel repeats them on the stored weights
+#  routed through the rows kernel (engine/rows_kernel.py: each weight read once for all the rows
+#  a verify feeds) -> OUT/NAME/{parts,eval_trees}_kernel.*; ROWS_CHECK=1 first runs
+#  benchmarks/rows_kernel.py (the kernel against MLX's quantized matmul, layer by layer and whole
+#  forwards) -> OUT/NAME/rows_kernel.{json,log}; the sweep runs on the stored weights.
 # Heads unquantized (--drafter-bits 16), as every device evaluation of them. An empty TREES, TREE_PLAIN or
 # TREE_PIPE leaves those arms out.
 set -u
@@ -38,11 +42,15 @@ for name in "$@"; do
   run=$out/$name
   mkdir -p "$run"
   python3 benchmarks/tree_check.py "$model" 2>&1 | tee "$run/tree_check.log"
+  if [ "${ROWS_CHECK:-0}" = 1 ]; then
+    python3 benchmarks/rows_kernel.py --model "$model" --json "$run/rows_kernel.json" 2>&1 | tee "$run/rows_kernel.log"
+  fi
   for precision in $(echo "${PRECISIONS:-stored}" | tr , ' '); do
     case $precision in
       stored) flag= suffix= ;;
       dequantized) flag=--dequantize suffix=_dequantized ;;
-      *) echo "unknown precision $precision (stored, dequantized)"; exit 2 ;;
+      kernel) flag=--rows-kernel suffix=_kernel ;;
+      *) echo "unknown precision $precision (stored, dequantized, kernel)"; exit 2 ;;
     esac
     if [ "${PARTS:-0}" = 1 ]; then
       python3 benchmarks/tree_round_parts.py --model "$model" --head "$head" $flag --nodes "${PARTS_NODES:-7,16,32}" \

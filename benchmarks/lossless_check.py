@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated prompt ids: just these (e.g. one that parted from greedy on the GPU)")
     ap.add_argument("--dtype", help="load the target in this dtype (float32: where a bf16 run parted at a near-tie, is it rounding?)")
     ap.add_argument("--dequantize", action="store_true", help="a quantized target's layers as float matrices (with --dtype float32: the CPU's fast path)")
+    ap.add_argument("--rows-kernel", action="store_true", help="the quantized target's layers through the rows kernel (engine/rows_kernel.py, CUDA), greedy included")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--cap", type=int, default=4)
     ap.add_argument("--lookup-drafts", action="store_true")
@@ -68,6 +69,10 @@ def main() -> None:
     if (trees or plain_trees or pipe_trees or args.pipe_arm) and not args.head:
         raise SystemExit("--tree-nodes, --tree-plain, --tree-pipe and --pipe-arm need --head (trees: a DSpark head without a Markov term)")
     target, tok = load_target(args.model, dtype=args.dtype, dequantize=args.dequantize)
+    if args.rows_kernel:
+        from dspark_lab.engine.rows_kernel import quantized_rows_matmul
+
+        print(f"rows kernel: {target.route_quantized_rows(quantized_rows_matmul())} layers routed", flush=True)
     head = None
     if args.head:
         from dspark_lab.engine.drafters.load import load_dflash, load_dspark

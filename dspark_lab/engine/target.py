@@ -229,6 +229,7 @@ class Target:
         # forward_at: compiled for decode widths (measured faster in the pipelined loop), plain beyond.
         # Keyed by "width <= MAX_WIDTH"; the compiled one also serves Target.compiled, one trace each.
         self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
+        self.rows_routed = False  # route_quantized_rows
 
     @property
     def compiled(self) -> bool:
@@ -259,6 +260,21 @@ class Target:
         if n < 0:
             raise ValueError(f"launch_every must be >= 0, got {n}")
         self._recorder.launch_every = int(n)
+
+    def route_quantized_rows(self, matmul) -> int:
+        """Send the model's quantized layers (and a tied vocabulary projection) through `matmul`
+        for the few rows a decode step or a verify feeds (engine/rows_kernel.py: on CUDA, one
+        kernel that reads each weight once for every row, where MLX's reads it per row or leaves
+        the GPU idle); `None` puts MLX's own kernels back. Returns how many layers changed. Call
+        it before the first forward: compiled traces made earlier would keep the old product, so
+        they are dropped."""
+        from .rows_kernel import route_quantized_rows, unroute_quantized_rows
+
+        changed = unroute_quantized_rows(self.model) if matmul is None else route_quantized_rows(self.model, matmul)
+        self._head = _inner_and_head(self.model)[3]  # a tied projection is a bound as_linear: bind it again
+        self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
+        self.rows_routed = matmul is not None and changed > 0
+        return changed
 
     # --- cache -------------------------------------------------------------------------------
     def make_cache(self) -> list:

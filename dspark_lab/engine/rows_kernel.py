@@ -1,0 +1,251 @@
+"""A quantized matmul for the few rows a speculative round feeds (CUDA), and its routing.
+
+Why: a verify forward feeds 8-33 rows (the drafts, or a tree's nodes). On MLX's CUDA backend a
+4-bit matmul of fewer than 8 rows runs a matrix-vector kernel that reads the weights again for
+every row, and from 8 rows on a tensor-core kernel whose tiles leave most of the GPU idle at
+this size: a whole Qwen 0.5B forward costs 3.1 ms at 2 rows, 4.5 at 8, 6.2 at 17 on an H100
+(docs/performance.md, thirty-seventh round), where the weights alone take 0.1 ms to read. This
+kernel reads each weight once for all rows.
+
+How: one thread block per C output columns; its warps split the K dimension, each lane takes
+every 32nd packed word of its share, dequantizes the word's 8 (4-bit) or 4 (8-bit) weights once
+(scale * q + bias, as mx.quantize lays them out) and multiplies them into every row's float32
+sum. The warps' sums are reduced by shuffles, then across warps in a fixed order, and rounded to
+the activation dtype once. Every output element goes through the same operations in the same
+order whatever the number of rows or columns a block takes, so a row's result does not depend on
+how many rows came with it: a verify's rows equal, bit for bit, what a one-row step through the
+kernel computes. (MLX's own kernels differ there: bfloat16 sums below 8 rows, float32 from 8.)
+
+Whether it is exact enough and faster on a machine is measured (benchmarks/rows_kernel.py), not
+assumed; the engine routes through it only when asked (Target.route_quantized_rows).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .kernels import cuda_available
+
+MAX_ROWS = 32  # above this a forward is a prefill: MLX's tensor-core kernel is the right one there
+WARP = 32
+
+# Helpers the kernel body calls: activation words to floats. A bfloat16 is the top half of a
+# float32, so widening is a shift (exact, no rounding).
+_HEADER = """
+__device__ __forceinline__ void dspark_widen2(unsigned u, float* v) {
+    v[0] = __uint_as_float(u << 16);
+    v[1] = __uint_as_float(u & 0xffff0000u);
+}
+template <int PER_WORD>
+__device__ __forceinline__ void dspark_load_x(const __nv_bfloat16* p, float* v);
+template <>
+__device__ __forceinline__ void dspark_load_x<8>(const __nv_bfloat16* p, float* v) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    dspark_widen2(u.x, v); dspark_widen2(u.y, v + 2); dspark_widen2(u.z, v + 4); dspark_widen2(u.w, v + 6);
+}
+template <>
+__device__ __forceinline__ void dspark_load_x<4>(const __nv_bfloat16* p, float* v) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    dspark_widen2(u.x, v); dspark_widen2(u.y, v + 2);
+}
+"""
+
+# Template: M rows, C columns a block, BITS (4 or 8), GROUP (the quantization group), KSPLIT warps
+# a block (each a share of K). Inputs: x (M, K) bfloat16, row-contiguous; w (N, K * BITS / 32)
+# uint32; scales and biases (N, K / GROUP) bfloat16. Output: out (M, N) bfloat16.
+_SOURCE = """
+    constexpr int PER_WORD = 32 / BITS;
+    constexpr unsigned MASK = (1u << BITS) - 1u;
+    const int K = x_shape[1];
+    const int N = w_shape[0];
+    const int words = K / PER_WORD;
+    const int groups = K / GROUP;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int col0 = blockIdx.x * C;
+    __shared__ float part[KSPLIT][C * M];
+
+    float acc[C][M];
+    #pragma unroll
+    for (int c = 0; c < C; ++c) {
+        #pragma unroll
+        for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
+    }
+    for (int word = warp * 32 + lane; word < words; word += 32 * KSPLIT) {
+        const int g = (word * PER_WORD) / GROUP;
+        float wv[C][PER_WORD];
+        #pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int col = min(col0 + c, N - 1);  // past the last column: computed, never written
+            const unsigned q = w[(size_t)col * words + word];
+            const float s = __bfloat162float(scales[(size_t)col * groups + g]);
+            const float b = __bfloat162float(biases[(size_t)col * groups + g]);
+            #pragma unroll
+            for (int j = 0; j < PER_WORD; ++j) wv[c][j] = fmaf(s, (float)((q >> (BITS * j)) & MASK), b);
+        }
+        #pragma unroll
+        for (int m = 0; m < M; ++m) {
+            float xv[PER_WORD];
+            dspark_load_x<PER_WORD>(x + (size_t)m * K + (size_t)word * PER_WORD, xv);
+            #pragma unroll
+            for (int c = 0; c < C; ++c) {
+                #pragma unroll
+                for (int j = 0; j < PER_WORD; ++j) acc[c][m] = fmaf(wv[c][j], xv[j], acc[c][m]);
+            }
+        }
+    }
+    #pragma unroll
+    for (int c = 0; c < C; ++c) {
+        #pragma unroll
+        for (int m = 0; m < M; ++m) {
+            float v = acc[c][m];
+            #pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == 0) part[warp][c * M + m] = v;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < C * M) {
+        const int c = threadIdx.x / M;
+        const int m = threadIdx.x % M;
+        float sum = part[0][threadIdx.x];
+        #pragma unroll
+        for (int k = 1; k < KSPLIT; ++k) sum += part[k][threadIdx.x];
+        if (col0 + c < N) out[(size_t)m * N + col0 + c] = __float2bfloat16(sum);
+    }
+"""
+
+_built: dict[str, object] = {}
+
+
+def columns_per_block(rows: int) -> int:
+    """Columns a block computes: up to 4 share each activation load, while the block's sums
+    (columns x rows floats a thread) stay within 32 registers."""
+    return max(1, min(4, MAX_ROWS // rows))
+
+
+def k_split(k: int, bits: int) -> int:
+    """Warps a block splits K among: enough that each lane handles at least two packed words
+    (so a narrow matrix with a long K, a down projection, still spreads over the GPU), at most 8.
+    It depends on K alone, so it is the same for every number of rows."""
+    words = k * bits // 32
+    return max(1, min(8, words // (2 * WARP)))
+
+
+def supports(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array | None, *, group_size: int,
+             bits: int, mode: str = "affine") -> str | None:
+    """None when the kernel computes this product, else why it does not (the caller then runs
+    mx.quantized_matmul)."""
+    rows = math.prod(x.shape[:-1])
+    k = x.shape[-1]
+    if mode != "affine" or biases is None:
+        return f"mode {mode!r}: the kernel dequantizes affine weights (scale * q + bias)"
+    if bits not in (4, 8):
+        return f"{bits}-bit weights: the kernel unpacks 4 or 8 bits"
+    if not 1 <= rows <= MAX_ROWS:
+        return f"{rows} rows: the kernel serves 1..{MAX_ROWS} (more is a prefill)"
+    if x.dtype != mx.bfloat16 or scales.dtype != mx.bfloat16 or biases.dtype != mx.bfloat16:
+        return f"activations {x.dtype}, scales {scales.dtype}: the kernel reads bfloat16"
+    if weight.ndim != 2 or weight.shape[1] * 32 // bits != k or k % group_size or group_size % (32 // bits):
+        return f"weight {weight.shape} for K={k}, group {group_size}: not the layout of mx.quantize"
+    return None
+
+
+def quantized_rows_matmul() -> Callable[..., mx.array]:
+    """matmul(x, weight, scales, biases, group_size=, bits=) -> x @ dequantize(weight).T, as
+    mx.quantized_matmul(..., transpose=True) computes it, for what `supports` accepts. Raises
+    RuntimeError off CUDA; the kernel is compiled (NVRTC) at its first call for each shape."""
+    if not cuda_available():
+        raise RuntimeError("no CUDA backend on this device (the rows kernel is written for MLX's CUDA backend)")
+    if "rows" not in _built:
+        _built["rows"] = mx.fast.cuda_kernel(name="dspark_quantized_rows", input_names=["x", "w", "scales", "biases"],
+                                             output_names=["out"], source=_SOURCE, header=_HEADER)
+    kernel = _built["rows"]
+
+    def matmul(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, group_size: int, bits: int) -> mx.array:
+        *lead, k = x.shape
+        rows, n = math.prod(lead), weight.shape[0]
+        c, split = columns_per_block(rows), k_split(k, bits)
+        blocks = -(-n // c)
+        (out,) = kernel(inputs=[x.reshape(rows, k), weight, scales, biases],
+                        template=[("M", rows), ("C", c), ("BITS", bits), ("GROUP", group_size), ("KSPLIT", split)],
+                        grid=(blocks * WARP * split, 1, 1), threadgroup=(WARP * split, 1, 1),
+                        output_shapes=[(rows, n)], output_dtypes=[x.dtype])
+        return out.reshape(*lead, n)
+
+    return matmul
+
+
+def reference_rows_matmul(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, group_size: int,
+                          bits: int) -> mx.array:
+    """The kernel's product in MLX operations, on any device: the weights dequantized in float32,
+    a float32 matmul, one rounding to the activation dtype. Not bit-equal to the kernel (the sums
+    run in another order) but within float32 rounding of it: the yardstick the device check
+    measures both the kernel and mx.quantized_matmul against, and the stand-in for the kernel in
+    CPU tests of the routing."""
+    w = mx.dequantize(weight, scales, biases, group_size=group_size, bits=bits, dtype=mx.float32)
+    return (x.astype(mx.float32) @ w.T).astype(x.dtype)
+
+
+# --- routing a model's quantized layers through it ------------------------------------------------
+
+_ROUTED_CLASSES: dict[type, type] = {}
+
+
+def _routed_class(cls: type) -> type:
+    """A subclass of a quantized linear or embedding class whose product (its call, or as_linear
+    for a tied embedding) goes through the module's `_dspark_rows` matmul where `supports` says
+    so, and through MLX's otherwise."""
+    if cls in _ROUTED_CLASSES.values():
+        return cls
+    if cls not in _ROUTED_CLASSES:
+
+        def product(self, x):
+            weight, scales, biases = self["weight"], self["scales"], self.get("biases")
+            mode = getattr(self, "mode", "affine")
+            if supports(x, weight, scales, biases, group_size=self.group_size, bits=self.bits, mode=mode) is None:
+                return self._dspark_rows(x, weight, scales, biases, group_size=self.group_size, bits=self.bits)
+            return mx.quantized_matmul(x, weight, scales=scales, biases=biases, transpose=True,
+                                       group_size=self.group_size, bits=self.bits, mode=mode)
+
+        if issubclass(cls, nn.QuantizedEmbedding):
+            members = {"as_linear": product}
+        else:
+
+            def __call__(self, x):
+                y = product(self, x)
+                return y + self["bias"] if "bias" in self else y
+
+            members = {"__call__": __call__}
+        _ROUTED_CLASSES[cls] = type(cls.__name__, (cls,), members)
+    return _ROUTED_CLASSES[cls]
+
+
+def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array]) -> int:
+    """Send every quantized linear layer of `model` (and a quantized embedding, for its tied
+    vocabulary projection) through `matmul` for the row counts it serves. Returns how many
+    modules were routed. The modules keep their weights; only their class changes (as the
+    Target's taps do), so a caller holding a bound `as_linear` must fetch it again."""
+    routed = 0
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            module.__class__ = _routed_class(type(module))
+            module._dspark_rows = matmul
+            routed += 1
+    return routed
+
+
+def unroute_quantized_rows(model: nn.Module) -> int:
+    """Undo route_quantized_rows: the modules get their own classes back."""
+    originals = {routed: cls for cls, routed in _ROUTED_CLASSES.items()}
+    undone = 0
+    for _, module in model.named_modules():
+        if type(module) in originals:
+            module.__class__ = originals[type(module)]
+            del module._dspark_rows
+            undone += 1
+    return undone

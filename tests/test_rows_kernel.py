@@ -1,0 +1,135 @@
+"""The rows kernel's routing (engine/rows_kernel.py): which products it takes, the model's layers
+sent through it and back, and decoding through a routed target still lossless. The CUDA kernel
+itself cannot run here; its float32 stand-in (reference_rows_matmul, the product the kernel
+computes up to its summation order) takes its place, and benchmarks/rows_kernel.py checks the
+kernel against it on the GPU."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from conftest import PROMPTS
+from dspark_lab import greedy_generate, load_target, speculative_generate
+from dspark_lab.engine.drafters.load import load_dspark
+from dspark_lab.engine.kernels import cuda_available
+from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, k_split, quantized_rows_matmul,
+                                           reference_rows_matmul, route_quantized_rows, supports,
+                                           unroute_quantized_rows)
+from dspark_lab.tiny import build_tiny_dspark
+
+
+def _quantized_linear(k=128, n=64, bits=4, bias=True, seed=0):
+    mx.random.seed(seed)
+    lin = nn.Linear(k, n, bias=bias)
+    lin.set_dtype(mx.bfloat16)
+    return nn.QuantizedLinear.from_linear(lin, group_size=64, bits=bits)
+
+
+class Counting:
+    """The stand-in product, recording the row shapes it was handed."""
+
+    def __init__(self):
+        self.shapes = []
+
+    def __call__(self, x, *args, **kwargs):
+        self.shapes.append(tuple(x.shape))
+        return reference_rows_matmul(x, *args, **kwargs)
+
+
+def test_it_takes_decode_and_verify_widths_of_affine_bfloat16_layers_only():
+    q = _quantized_linear()
+    ok = dict(group_size=64, bits=4)
+    x = mx.zeros((1, 8, 128), dtype=mx.bfloat16)
+    assert supports(x, q.weight, q.scales, q.biases, **ok) is None
+    assert supports(mx.zeros((MAX_ROWS, 128), dtype=mx.bfloat16), q.weight, q.scales, q.biases, **ok) is None
+    assert "33 rows" in supports(mx.zeros((33, 128), dtype=mx.bfloat16), q.weight, q.scales, q.biases, **ok)
+    assert "float32" in supports(x.astype(mx.float32), q.weight, q.scales, q.biases, **ok)
+    assert "mode 'mxfp4'" in supports(x, q.weight, q.scales, q.biases, group_size=32, bits=4, mode="mxfp4")
+    assert "3-bit" in supports(x, q.weight, q.scales, q.biases, group_size=64, bits=3)
+    assert "not the layout" in supports(mx.zeros((1, 64), dtype=mx.bfloat16), q.weight, q.scales, q.biases, **ok)
+
+
+def test_launch_shape_depends_on_k_alone_where_it_changes_the_sums():
+    """The warps splitting K set the summation order: they follow K, never the row count (so a row
+    sums alike at every width); columns a block only share loads."""
+    assert [k_split(896, 4), k_split(1536, 4), k_split(4864, 4), k_split(64, 4)] == [1, 3, 8, 1]
+    assert [columns_per_block(r) for r in (1, 8, 9, 16, 17, 32)] == [4, 4, 3, 2, 1, 1]
+    assert all(columns_per_block(r) * r <= 32 or columns_per_block(r) == 1 for r in range(1, MAX_ROWS + 1))
+
+
+def test_the_stand_in_is_the_float32_product_rounded_once():
+    q = _quantized_linear(bias=False)
+    x = mx.random.normal((5, 128)).astype(mx.bfloat16)
+    got = reference_rows_matmul(x, q.weight, q.scales, q.biases, group_size=64, bits=4)
+    w = mx.dequantize(q.weight, q.scales, q.biases, group_size=64, bits=4).astype(mx.float32)
+    assert got.dtype == mx.bfloat16 and mx.array_equal(got, (x.astype(mx.float32) @ w.T).astype(mx.bfloat16)).item()
+    assert mx.allclose(got, q(x), atol=0.1).item()  # MLX's own product, up to its rounding
+
+
+def test_routed_layers_use_it_up_to_max_rows_and_go_back():
+    q = _quantized_linear()
+    model = nn.Sequential(q, nn.ReLU(), _quantized_linear(64, 64, seed=1))
+    product = Counting()
+    assert route_quantized_rows(model, product) == 2
+    assert route_quantized_rows(model, product) == 2  # again: no class of a class
+    assert type(q).__mro__[1] is nn.QuantizedLinear
+    x = mx.random.normal((2, 3, 128)).astype(mx.bfloat16)
+    y = q(x)
+    assert product.shapes == [(2, 3, 128)]
+    assert mx.array_equal(y, reference_rows_matmul(x, q.weight, q.scales, q.biases, group_size=64, bits=4) + q.bias).item()
+    q(mx.zeros((MAX_ROWS + 1, 128), dtype=mx.bfloat16))  # a prefill: MLX's kernel
+    q(x.astype(mx.float32))
+    assert product.shapes == [(2, 3, 128)]
+    assert unroute_quantized_rows(model) == 2 and type(q) is nn.QuantizedLinear and not hasattr(q, "_dspark_rows")
+
+
+@pytest.fixture(scope="module")
+def routed(tiny_dirs):
+    """The tiny qwen3 (tied embeddings) at 4 bits with bfloat16 scales, routed through the stand-in."""
+    target, tok = load_target(tiny_dirs["qwen3"], dtype="bfloat16", quantize=4)
+    product = Counting()
+    changed = target.route_quantized_rows(product)
+    return target, tok, product, changed
+
+
+def test_a_target_routes_every_quantized_layer_and_its_tied_projection(routed, tiny_dirs):
+    target, tok, product, changed = routed
+    quantized = [m for _, m in target.model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    assert changed == len(quantized) and target.rows_routed
+    product.shapes.clear()
+    cache = target.make_cache()
+    target.forward(mx.array(list(range(40)), dtype=mx.uint32), cache)  # a prefill: not routed
+    assert product.shapes == []
+    target.forward(mx.array([3, 4], dtype=mx.uint32), cache)
+    assert len(product.shapes) == len(quantized)  # every layer, the vocabulary projection included
+    assert (1, 2, target.vocab_size) not in product.shapes and (1, 2, 64) in product.shapes
+
+
+def test_decoding_through_a_routed_target_is_lossless(routed, tiny_dirs, tmp_path):
+    """Greedy and speculative decoding both go through the routed product: the chain, the pipelined
+    chain and the pipelined trees give exactly the greedy tokens."""
+    target, tok, _, _ = routed
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0), target)
+    for prompt in PROMPTS[:4]:
+        ids = tok.encode(prompt)
+        want = greedy_generate(target, tok, ids, max_new_tokens=24).token_ids
+        for kw in ({}, {"pipeline": True, "compile_draft": True}, {"pipeline": True, "tree_nodes": 6}):
+            got = speculative_generate(target, tok, head, ids, max_new_tokens=24, max_draft_tokens=4, **kw)
+            assert got.token_ids == want, (prompt, kw)
+
+
+def test_routing_back_restores_mlx_products(tiny_dirs):
+    target, tok = load_target(tiny_dirs["qwen3"], dtype="bfloat16", quantize=4)
+    ids = tok.encode(PROMPTS[0])
+    want = greedy_generate(target, tok, ids, max_new_tokens=12).token_ids
+    product = Counting()
+    target.route_quantized_rows(product)
+    target.route_quantized_rows(None)
+    assert not target.rows_routed and greedy_generate(target, tok, ids, max_new_tokens=12).token_ids == want
+    assert product.shapes == []
+
+
+@pytest.mark.skipif(cuda_available(), reason="off CUDA only")
+def test_the_kernel_says_it_needs_cuda():
+    with pytest.raises(RuntimeError, match="no CUDA backend"):
+        quantized_rows_matmul()
