@@ -6,13 +6,14 @@ kernel against it on the GPU."""
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 
 from conftest import PROMPTS
 from dspark_lab import greedy_generate, load_target, speculative_generate
 from dspark_lab.engine.drafters.load import load_dspark
 from dspark_lab.engine.kernels import cuda_available
-from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, k_split, quantized_rows_matmul,
+from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, dequantize_float32, k_split, quantized_rows_matmul,
                                            reference_rows_matmul, route_quantized_rows, supports,
                                            unroute_quantized_rows)
 from dspark_lab.tiny import build_tiny_dspark
@@ -53,17 +54,27 @@ def test_launch_shape_depends_on_k_alone_where_it_changes_the_sums():
     """The warps splitting K set the summation order: they follow K, never the row count (so a row
     sums alike at every width); columns a block only share loads."""
     assert [k_split(896, 4), k_split(1536, 4), k_split(4864, 4), k_split(64, 4)] == [1, 3, 8, 1]
-    assert [columns_per_block(r) for r in (1, 8, 9, 16, 17, 32)] == [4, 4, 3, 2, 1, 1]
-    assert all(columns_per_block(r) * r <= 32 or columns_per_block(r) == 1 for r in range(1, MAX_ROWS + 1))
+    assert [columns_per_block(r) for r in (1, 8, 9, 16, 17, 32)] == [4, 4, 4, 4, 2, 2]
+    assert all(columns_per_block(r) * r <= 64 for r in range(1, MAX_ROWS + 1))
 
 
 def test_the_stand_in_is_the_float32_product_rounded_once():
+    """Nibble k of a word is element k (lowest bits first), each weight scale * q + bias in float32."""
     q = _quantized_linear(bias=False)
     x = mx.random.normal((5, 128)).astype(mx.bfloat16)
     got = reference_rows_matmul(x, q.weight, q.scales, q.biases, group_size=64, bits=4)
-    w = mx.dequantize(q.weight, q.scales, q.biases, group_size=64, bits=4).astype(mx.float32)
-    assert got.dtype == mx.bfloat16 and mx.array_equal(got, (x.astype(mx.float32) @ w.T).astype(mx.bfloat16)).item()
-    assert mx.allclose(got, q(x), atol=0.1).item()  # MLX's own product, up to its rounding
+    w = np.array(q.weight)
+    nibbles = np.stack([(w >> (4 * j)) & 15 for j in range(8)], axis=-1).reshape(64, 128).astype(np.float32)
+    scales, biases = (np.repeat(np.array(a.astype(mx.float32)), 64, axis=1) for a in (q.scales, q.biases))
+    weights = nibbles * scales + biases
+    assert np.abs(np.array(dequantize_float32(q.weight, q.scales, q.biases, group_size=64, bits=4)) - weights).max() < 1e-6
+    want = np.array(x.astype(mx.float32)) @ weights.T
+    assert got.dtype == mx.bfloat16
+    assert np.abs(np.array(got.astype(mx.float32)) - want).max() <= np.abs(want).max() * 2 ** -8  # one bfloat16 rounding
+    # the same layer at 8 bits: four weights a word
+    q8 = _quantized_linear(bits=8, bias=False)
+    w8 = mx.dequantize(q8.weight, q8.scales, q8.biases, group_size=64, bits=8).astype(mx.float32)
+    assert mx.allclose(dequantize_float32(q8.weight, q8.scales, q8.biases, group_size=64, bits=8), w8, atol=1e-2).item()
 
 
 def test_routed_layers_use_it_up_to_max_rows_and_go_back():

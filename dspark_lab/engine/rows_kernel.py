@@ -123,9 +123,10 @@ _built: dict[str, object] = {}
 
 
 def columns_per_block(rows: int) -> int:
-    """Columns a block computes: up to 4 share each activation load, while the block's sums
-    (columns x rows floats a thread) stay within 32 registers."""
-    return max(1, min(4, MAX_ROWS // rows))
+    """Columns a block computes: each activation load serves that many columns' weights, so the
+    loads stay below the multiply-adds (a lone column is load-bound: one 16-byte load per 8
+    multiply-adds), while the sums a thread keeps (columns x rows floats) stay within 64 registers."""
+    return 4 if rows <= 16 else 2
 
 
 def k_split(k: int, bits: int) -> int:
@@ -180,14 +181,25 @@ def quantized_rows_matmul() -> Callable[..., mx.array]:
     return matmul
 
 
+def dequantize_float32(weight: mx.array, scales: mx.array, biases: mx.array, *, group_size: int, bits: int) -> mx.array:
+    """The weights as the kernel dequantizes them: scale * q + bias in float32, one rounding each.
+    (mx.dequantize computes in the scales' dtype, bfloat16 here, and so does MLX's own matmul; float32
+    keeps the weights the quantizer meant.)"""
+    n = weight.shape[0]
+    shifts = mx.arange(0, 32, bits, dtype=mx.uint32)
+    q = ((weight[..., None] >> shifts) & ((1 << bits) - 1)).reshape(n, -1, group_size).astype(mx.float32)
+    w = q * scales.astype(mx.float32)[..., None] + biases.astype(mx.float32)[..., None]
+    return w.reshape(n, -1)
+
+
 def reference_rows_matmul(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, group_size: int,
                           bits: int) -> mx.array:
-    """The kernel's product in MLX operations, on any device: the weights dequantized in float32,
-    a float32 matmul, one rounding to the activation dtype. Not bit-equal to the kernel (the sums
-    run in another order) but within float32 rounding of it: the yardstick the device check
-    measures both the kernel and mx.quantized_matmul against, and the stand-in for the kernel in
-    CPU tests of the routing."""
-    w = mx.dequantize(weight, scales, biases, group_size=group_size, bits=bits, dtype=mx.float32)
+    """The kernel's product in MLX operations, on any device: the weights dequantized in float32
+    (dequantize_float32), a float32 matmul, one rounding to the activation dtype. Not bit-equal to
+    the kernel (the sums run in another order) but within float32 rounding of it: the yardstick
+    the device check measures both the kernel and mx.quantized_matmul against, and the stand-in
+    for the kernel in CPU tests of the routing."""
+    w = dequantize_float32(weight, scales, biases, group_size=group_size, bits=bits)
     return (x.astype(mx.float32) @ w.T).astype(x.dtype)
 
 
