@@ -82,7 +82,41 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (modes draft and draft-pipe), directory or repo id.")]
 LaunchEveryOpt = Annotated[str, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off; auto: probe once for this model on this machine, store the verdict in --db and reuse it); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
 PrecisionsOpt = Annotated[str, typer.Option(help="Comma-separated: as-loaded, dequantized, or weight bits (4, 8, ...): each model runs at each, stored that way on load (no second download); the trials of a precision other than as-loaded carry the model id MODEL@q8 or MODEL@dequantized, with their own baseline and speedups.")]
+RowsKernelOpt = Annotated[Optional[bool], typer.Option("--rows-kernel/--no-rows-kernel", help="Run a quantized target's layers, at decode and verify widths (up to 32 rows), through dspark-lab's CUDA kernel that reads each weight once for all rows (engine/rows_kernel.py), greedy decoding included. Default: in the DSpark modes on CUDA, as a one-time probe on this machine found it for this pair (within a bfloat16 step of the float32 product, lossless in the pipelined loop, and faster; stored in --db); elsewhere off.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
+
+
+def _route_rows(target, rows_kernel: bool | None, *, loop: tuple | None, db: Path, model_id: str) -> None:
+    """--rows-kernel: route the target's quantized layers through the rows kernel when asked, or
+    (not given) when the stored or a fresh probe on this machine says so for this pair (CUDA and a
+    DSpark head only: the probe times the pipelined loop)."""
+    from .engine.kernels import cuda_available
+    from .engine.rows_kernel import has_quantized_layers, quantized_rows_matmul
+
+    if rows_kernel is None:
+        if loop is None or not cuda_available() or not has_quantized_layers(target.model):
+            return
+        from .db import open_db
+        from .lab.kernel_probe import choose_rows_kernel
+
+        engine = open_db(db)
+        try:
+            verdict = choose_rows_kernel(target, db=engine, loop=loop, model_id=model_id)
+        finally:
+            engine.dispose()
+        loop[0].drop_traces()
+        err.print(f"[dim]--rows-kernel: {verdict.describe()}[/]")
+        rows_kernel = verdict.use
+    if not rows_kernel:
+        return
+    try:
+        matmul = quantized_rows_matmul()
+    except RuntimeError as e:
+        raise DsparkError(f"--rows-kernel: {e}. Leave --rows-kernel off on this machine.") from None
+    if not target.route_quantized_rows(matmul):
+        err.print("[dim]--rows-kernel: the target has no quantized layers; it changes nothing[/]")
+    elif loop is not None:
+        loop[0].drop_traces()
 
 
 @app.command()
@@ -112,6 +146,7 @@ def generate(
     kv_bits: Annotated[Optional[int], typer.Option(help="Quantize the KV cache to this many bits.")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too): float32 (on CPU 10x faster than bfloat16 for a 4-bit model), float16, bfloat16.")] = None,
     launch_every: LaunchEveryOpt = "0",
+    rows_kernel: RowsKernelOpt = None,
     trust_remote_code: TrustOpt = False,
 ):
     """Generate text from a prompt, streaming committed text, then print accept length and speed."""
@@ -190,6 +225,9 @@ def generate(
         max_draft = pair.max_draft_tokens
     if mode in (Mode.baseline, Mode.lookup):
         target, tokenizer = load_target(model, **load_opts)
+    # First, before any probe or calibration below times the target: they should time what runs.
+    _route_rows(target, rows_kernel, loop=(head, tokenizer) if mode in (Mode.dspark, Mode.dspark_pipe, *TREE_MODES) else None,
+                db=db, model_id=f"{model}|{drafter}|{drafter_bits}")
     if launch_every == "auto":
         from .db import open_db
         from .lab.launch_probe import choose_launch_every

@@ -16,6 +16,9 @@ from dspark_lab.engine.kernels import cuda_available
 from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, dequantize_float32, k_split, quantized_rows_matmul,
                                            reference_rows_matmul, route_quantized_rows, supports,
                                            unroute_quantized_rows)
+from dspark_lab.db import open_db
+from dspark_lab.lab import kernel_probe
+from dspark_lab.lab.kernel_probe import choose_rows_kernel, measure_rows_kernel
 from dspark_lab.tiny import build_tiny_dspark
 
 
@@ -144,3 +147,77 @@ def test_routing_back_restores_mlx_products(tiny_dirs):
 def test_the_kernel_says_it_needs_cuda():
     with pytest.raises(RuntimeError, match="no CUDA backend"):
         quantized_rows_matmul()
+
+
+# --- the probe (lab/kernel_probe.py) ---------------------------------------------------------------
+
+def row_by_row(x, *args, **kwargs):
+    """The stand-in computed one row at a time: width-independent by construction."""
+    flat = x.reshape(-1, x.shape[-1])
+    out = mx.concatenate([reference_rows_matmul(flat[i:i + 1], *args, **kwargs) for i in range(flat.shape[0])])
+    return out.reshape(*x.shape[:-1], -1)
+
+
+@pytest.fixture(scope="module")
+def quantized(tiny_dirs):
+    return load_target(tiny_dirs["qwen3"], dtype="bfloat16", quantize=4)
+
+
+def test_the_probe_passes_a_width_independent_product_and_times_the_loop(quantized, tiny_dirs, tmp_path):
+    target, tok = quantized
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0), target)
+    v = measure_rows_kernel(target, row_by_row, loop=(head, tok), loop_tokens=16, loop_passes=1)
+    assert v.available and v.exact and v.checked >= 4 * len(kernel_probe.ROWS_CHECKED), v.reason
+    assert v.loop_reference_ms > 0 and v.loop_kernel_ms > 0
+    assert v.use == (v.loop_kernel_ms <= (1 - kernel_probe.MARGIN) * v.loop_reference_ms)
+    assert not target.rows_routed  # left as found
+
+
+def test_the_probe_keeps_out_a_product_that_is_off_or_depends_on_the_width(quantized):
+    target, _ = quantized
+
+    def off(x, *args, **kwargs):
+        return row_by_row(x, *args, **kwargs) * 1.05
+
+    def by_width(x, *args, **kwargs):  # one bfloat16 step up on every output when more than one row came
+        out = row_by_row(x, *args, **kwargs)
+        return (out.view(mx.uint16) + 1).view(mx.bfloat16) if x.shape[0] > 1 else out
+
+    v = measure_rows_kernel(target, off)
+    assert not v.use and not v.exact and "off the float32 product" in v.reason
+    v = measure_rows_kernel(target, by_width)
+    assert not v.use and "differs from the same row computed alone" in v.reason
+    v = measure_rows_kernel(target, row_by_row)  # no loop: checked, never used untimed
+    assert v.exact and not v.use and "not timed" in v.reason
+
+
+def test_rows_verdicts_are_stored_per_pair_and_reused(quantized, tmp_path):
+    target, _ = quantized
+    db = open_db(tmp_path / "k.duckdb")
+    try:
+        first = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
+        again = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
+        other = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="another")
+    finally:
+        db.dispose()
+    assert not first.reused and again.reused and not other.reused
+    assert again.to_dict() == first.to_dict()
+
+
+@pytest.mark.skipif(cuda_available(), reason="off CUDA only")
+def test_off_cuda_the_probe_reports_the_kernel_unavailable(quantized):
+    v = measure_rows_kernel(quantized[0])
+    assert not v.available and not v.use and "CUDA" in v.reason
+
+
+def test_the_cli_asks_for_cuda_when_told_to_route_and_stays_quiet_otherwise(tiny_dirs):
+    """Off CUDA `--rows-kernel` is refused with the fix named; left unset nothing is probed."""
+    from typer.testing import CliRunner
+
+    from dspark_lab.cli import app
+
+    args = ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "hi", "-n", "4", "--no-chat-template"]
+    refused = CliRunner().invoke(app, args + ["--rows-kernel"])
+    assert refused.exit_code != 0 and "CUDA" in refused.output and "Leave --rows-kernel off" in refused.output
+    quiet = CliRunner().invoke(app, args)
+    assert quiet.exit_code == 0 and "rows-kernel" not in quiet.output

@@ -237,6 +237,10 @@ def _routed_class(cls: type) -> type:
     return _ROUTED_CLASSES[cls]
 
 
+def has_quantized_layers(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
+
+
 def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array]) -> int:
     """Send every quantized linear layer of `model` (and a quantized embedding, for its tied
     vocabulary projection) through `matmul` for the row counts it serves. Returns how many

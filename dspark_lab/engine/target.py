@@ -265,9 +265,9 @@ class Target:
         """Send the model's quantized layers (and a tied vocabulary projection) through `matmul`
         for the few rows a decode step or a verify feeds (engine/rows_kernel.py: on CUDA, one
         kernel that reads each weight once for every row, where MLX's reads it per row or leaves
-        the GPU idle); `None` puts MLX's own kernels back. Returns how many layers changed. Call
-        it before the first forward: compiled traces made earlier would keep the old product, so
-        they are dropped."""
+        the GPU idle); `None` puts MLX's own kernels back. Returns how many layers changed. The
+        target's compiled traces are dropped (they would keep the old product); a drafter bound to
+        the target that already drafted must drop its own (drafter.drop_traces())."""
         from .rows_kernel import route_quantized_rows, unroute_quantized_rows
 
         changed = unroute_quantized_rows(self.model) if matmul is None else route_quantized_rows(self.model, matmul)

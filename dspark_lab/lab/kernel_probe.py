@@ -12,6 +12,13 @@ operations by MARGIN there, in the loop: on the H200 the match alone was 7.5x fa
 kernel while the loop using it was slower per round (docs/performance.md, eighth round), so the
 match's own time does not decide. Without `loop` the match's time decides (the kernel check
 alone). Off CUDA the verdict is "not available", with the reason, at no cost.
+
+The rows kernel (engine/rows_kernel.py) stands in for mx.quantized_matmul at decode and verify
+widths. Its sums run in float32 in another order than MLX's, so "exact" means: within one
+bfloat16 step of the float32 product on every quantized layer shape of the target, and each row
+bit-equal to the same row computed alone (so a verify's rows are what a one-row step computes);
+then, given a head, the pipelined loop routed through it must give the greedy tokens routed
+through it, and decides by its time against the loop through MLX's products.
 """
 
 from __future__ import annotations
@@ -196,4 +203,149 @@ def choose_lookup_kernel(*, db=None, reprobe: bool = False, candidate: Callable 
     verdict = measure_lookup_kernel(candidate, loop=loop)
     if db is not None and verdict.available:
         store_verdict(db, key=key, probe="lookup_kernel", stamp=stamp, model_id=model_id, options=options, verdict=verdict.to_dict())
+    return verdict
+
+
+# --- the rows kernel (engine/rows_kernel.py) ------------------------------------------------------
+
+ROWS_CHECKED = (1, 2, 8, 17, 32)  # a decode step, small and full verifies, a tree's width, the most the kernel takes
+
+
+def _rows_exactness(target, candidate) -> tuple[int, str | None]:
+    """(products compared, the first failure or None): for every distinct quantized layer shape of
+    the target and each of ROWS_CHECKED, the candidate within one bfloat16 step (at the largest
+    output's magnitude) of the float32 product, and each of its rows bit-equal to that row computed
+    alone (what keeps a verify's rows the one-row step's)."""
+    import mlx.nn as nn
+
+    from ..engine.rows_kernel import reference_rows_matmul, supports
+
+    shapes: dict[tuple, nn.Module] = {}
+    for _, m in target.model.named_modules():
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            shapes.setdefault((tuple(m.weight.shape), m.bits, m.group_size), m)
+    key = mx.random.key(0)
+    compared = 0
+    for (shape, bits, group), m in shapes.items():
+        k = shape[1] * 32 // bits
+        for rows in ROWS_CHECKED:
+            x = mx.random.normal((rows, k), key=key).astype(mx.bfloat16)
+            args = (m.weight, m.scales, m.get("biases"))
+            if supports(x, *args, group_size=group, bits=bits) is not None:
+                continue
+            got = candidate(x, *args, group_size=group, bits=bits)
+            ref = reference_rows_matmul(x, *args, group_size=group, bits=bits).astype(mx.float32)
+            err = mx.abs(got.astype(mx.float32) - ref).max().item()
+            step = mx.abs(ref).max().item() * 2.0 ** -7
+            if not err <= step:
+                return compared, f"{rows} rows of a {shape[0]}x{k} layer: off the float32 product by {err:.3g} (one step {step:.3g})"
+            alone = mx.concatenate([candidate(x[i:i + 1], *args, group_size=group, bits=bits) for i in range(rows)])
+            if not mx.array_equal(got, alone).item():
+                return compared, f"{rows} rows of a {shape[0]}x{k} layer: a row differs from the same row computed alone"
+            compared += 1
+    if not compared:
+        return 0, "no quantized layer the kernel takes (it reads 4- or 8-bit affine layers with bfloat16 scales)"
+    return compared, None
+
+
+def _routed_loop_ms(target, drafter, tokenizer, candidate, *, tokens: int, passes: int) -> tuple[float, float, str | None]:
+    """(MLX ms a token, routed ms a token, a failure or None): the pipelined loop (greedy, compiled
+    draft, the head's depth up to 7) with the target's products through MLX's kernels and through
+    the candidate, alternately, a warm-up run after each switch (routing drops the compiled traces).
+    Routed, the loop must give the greedy tokens computed through the same products."""
+    from ..engine.generate import greedy_generate
+    from ..engine.pipeline import pipelined_loop
+    from ..engine.sampling import SamplingParams
+    from ..engine.text import TextStream, encode_prompt
+    from .prompts import load_prompt_set
+
+    ids = encode_prompt(tokenizer, load_prompt_set("code", limit=1).prompts[0].as_input())
+    cap = min(7, drafter.config.max_drafts)
+
+    def run():
+        return pipelined_loop(target, ids, SamplingParams(), drafter, max_new_tokens=tokens, cap=cap,
+                              stream=TextStream(tokenizer, None, None), mode="dspark-pipe", compile_draft=True)
+
+    times = {"mlx": [], "kernel": []}
+    try:
+        for rep in range(passes):
+            for name in times:
+                target.route_quantized_rows(candidate if name == "kernel" else None)
+                drafter.drop_traces()  # its compiled draft calls the target's lm_head
+                first = run()  # warm-up: traces and kernels are built on first use
+                if rep == 0 and name == "kernel":
+                    want = greedy_generate(target, tokenizer, ids, max_new_tokens=tokens).token_ids
+                    if first.token_ids != want:
+                        at = next((i for i, (a, b) in enumerate(zip(first.token_ids, want)) if a != b), min(len(want), len(first.token_ids)))
+                        return 0.0, 0.0, f"routed, the loop's tokens differ from routed greedy decoding's (first at token {at})"
+                r = run()
+                times[name].append(1000 / max(r.decode_tokens_per_sec, 1e-9))
+    finally:
+        target.route_quantized_rows(None)
+        drafter.drop_traces()
+    return statistics.median(times["mlx"]), statistics.median(times["kernel"]), None
+
+
+def measure_rows_kernel(target, candidate: Callable | None = None, *, loop: tuple | None = None, loop_tokens: int = 96,
+                        loop_passes: int = 2) -> KernelVerdict:
+    """Check the rows kernel (or `candidate`, a function of its contract: tests hand in the float32
+    stand-in) on the target's own layer shapes; with `loop=(drafter, tokenizer)` time the pipelined
+    loop through it and through MLX's products, which decides. Leaves the target routed as it
+    found it: through MLX's products."""
+    name = "quantized_rows"
+    if candidate is None:
+        from ..engine.rows_kernel import quantized_rows_matmul
+
+        try:
+            candidate = quantized_rows_matmul()
+        except RuntimeError as e:
+            return KernelVerdict(name, False, f"not available: {e}", available=False)
+    try:
+        checked, diff = _rows_exactness(target, candidate)
+    except Exception as e:  # a kernel that fails to compile or run is simply not used
+        return KernelVerdict(name, False, f"failed to run: {type(e).__name__}: {e}")
+    if diff:
+        return KernelVerdict(name, False, f"not exact: {diff}", checked=checked)
+    reason = f"within a bfloat16 step of the float32 product and width-independent on {checked} layer products"
+    verdict = KernelVerdict(name, False, reason + " (the loop not timed)", exact=True, checked=checked)
+    if loop is None:
+        return verdict
+    drafter, tokenizer = loop
+    try:
+        ref_ms, ker_ms, diff = _routed_loop_ms(target, drafter, tokenizer, candidate, tokens=loop_tokens, passes=loop_passes)
+    except Exception as e:
+        verdict.reason = f"{reason}; failed in the loop: {type(e).__name__}: {e}"
+        return verdict
+    if diff:
+        verdict.exact, verdict.reason = False, f"{reason}; not lossless in the loop: {diff}"
+        return verdict
+    verdict.loop_reference_ms, verdict.loop_kernel_ms = round(ref_ms, 4), round(ker_ms, 4)
+    verdict.use = ker_ms <= (1 - MARGIN) * ref_ms
+    verdict.reason = f"{reason}, the loop " + (f"{ref_ms / ker_ms:.2f}x faster" if verdict.use else "not faster")
+    return verdict
+
+
+def choose_rows_kernel(target, *, db=None, reprobe: bool = False, candidate: Callable | None = None, loop: tuple | None = None,
+                       model_id: str = "") -> KernelVerdict:
+    """The stored verdict for the rows kernel on this machine and this pair (`model_id` names it),
+    else a fresh probe (measure_rows_kernel), stored when `db` is given."""
+    from .device import collect_device_stamp, device_key
+    from .probe_store import probe_key, store_verdict, stored_verdict
+
+    options = {"rows": list(ROWS_CHECKED), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
+               "stage": "loop" if loop is not None else "check"}
+    stamp = collect_device_stamp(options)
+    key = probe_key("rows_kernel", device_key(stamp), model_id, options)
+    if db is not None and not reprobe:
+        stored = stored_verdict(db, key)
+        if stored is not None:
+            try:
+                verdict = KernelVerdict(**stored)
+                verdict.reused = True
+                return verdict
+            except TypeError:  # a damaged record: measure again
+                pass
+    verdict = measure_rows_kernel(target, candidate, loop=loop)
+    if db is not None and verdict.available:
+        store_verdict(db, key=key, probe="rows_kernel", stamp=stamp, model_id=model_id, options=options, verdict=verdict.to_dict())
     return verdict

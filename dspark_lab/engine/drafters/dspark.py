@@ -188,6 +188,10 @@ class ContextDrafter:
         self.caches = [BucketedKVCache() for _ in self.head.layers]
         self.ctx_len = 0
 
+    def drop_traces(self) -> None:
+        """Forget compiled traces (none here): after the target's products change
+        (Target.route_quantized_rows) a trace that called the target's lm_head would keep the old one."""
+
     def fuse(self, taps: dict[int, mx.array]) -> mx.array:
         """(rows, T*H_target) -> (rows, H): the fused context rows."""
         cat = mx.concatenate([taps[t] for t in self.config.target_layer_ids], axis=-1)
@@ -250,6 +254,9 @@ class DSparkDrafter(ContextDrafter):
         super().__init__(head, embed, lm_head, window=window, name=name)
         self._embed_scale = math.sqrt(self.config.hidden_size) if self.config.backbone == "gemma4" else 1.0
         self._compiled_steps: dict[tuple, object] = {}
+
+    def drop_traces(self) -> None:
+        self._compiled_steps.clear()
 
     def _mask(self, width: int, at: mx.array | None = None) -> mx.array:
         """Which keys each block row sees: the windowed context and the block (all of it, or
