@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--tree-pipe", default="16")
     ap.add_argument("--cap", type=int, default=7)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--min-rows", type=int, default=2, help="the routed copy's fewest rows through the kernel (1: every decode step)")
     ap.add_argument("--reference", action="store_true",
                     help="route through reference_rows_matmul (MLX operations) instead of the kernel: a dry run of this script off CUDA")
     ap.add_argument("--repeats", type=int, default=30)
@@ -88,7 +89,8 @@ def main() -> None:
     kernel = reference_rows_matmul if args.reference else quantized_rows_matmul()
     plain, tok = load_target(args.model)
     routed, _ = load_target(args.model)
-    print(f"{routed.route_quantized_rows(kernel)} layers routed through the kernel", flush=True)
+    print(f"{routed.route_quantized_rows(kernel, min_rows=args.min_rows)} layers routed through the kernel "
+          f"from {args.min_rows} rows", flush=True)
     report: dict = {"model": args.model, "device": str(mx.default_device()), "layers": {}, "forward": {}}
 
     mx.random.seed(0)

@@ -31,6 +31,9 @@ import mlx.nn as nn
 from .kernels import cuda_available
 
 MAX_ROWS = 32  # above this a forward is a prefill: MLX's tensor-core kernel is the right one there
+# One row (a plain decode step) stays with MLX's matrix-vector kernel: on the H100 the whole one-row
+# forward ran 0.90x through this kernel, whose launches cost more than MLX's own for small layers.
+MIN_ROWS = 2
 WARP = 32
 
 # Helpers the kernel body calls: activation words to floats. A bfloat16 is the top half of a
@@ -109,12 +112,12 @@ _SOURCE = """
         }
     }
     __syncthreads();
-    if (threadIdx.x < C * M) {
-        const int c = threadIdx.x / M;
-        const int m = threadIdx.x % M;
-        float sum = part[0][threadIdx.x];
+    for (int i = threadIdx.x; i < C * M; i += blockDim.x) {  // a block of one warp has fewer threads than outputs
+        const int c = i / M;
+        const int m = i % M;
+        float sum = part[0][i];
         #pragma unroll
-        for (int k = 1; k < KSPLIT; ++k) sum += part[k][threadIdx.x];
+        for (int k = 1; k < KSPLIT; ++k) sum += part[k][i];
         if (col0 + c < N) out[(size_t)m * N + col0 + c] = __float2bfloat16(sum);
     }
 """
@@ -219,7 +222,8 @@ def _routed_class(cls: type) -> type:
         def product(self, x):
             weight, scales, biases = self["weight"], self["scales"], self.get("biases")
             mode = getattr(self, "mode", "affine")
-            if supports(x, weight, scales, biases, group_size=self.group_size, bits=self.bits, mode=mode) is None:
+            if (math.prod(x.shape[:-1]) >= self._dspark_min_rows
+                    and supports(x, weight, scales, biases, group_size=self.group_size, bits=self.bits, mode=mode) is None):
                 return self._dspark_rows(x, weight, scales, biases, group_size=self.group_size, bits=self.bits)
             return mx.quantized_matmul(x, weight, scales=scales, biases=biases, transpose=True,
                                        group_size=self.group_size, bits=self.bits, mode=mode)
@@ -241,16 +245,16 @@ def has_quantized_layers(model: nn.Module) -> bool:
     return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
 
 
-def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array]) -> int:
+def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array], *, min_rows: int = MIN_ROWS) -> int:
     """Send every quantized linear layer of `model` (and a quantized embedding, for its tied
-    vocabulary projection) through `matmul` for the row counts it serves. Returns how many
+    vocabulary projection) through `matmul` from `min_rows` rows to MAX_ROWS. Returns how many
     modules were routed. The modules keep their weights; only their class changes (as the
     Target's taps do), so a caller holding a bound `as_linear` must fetch it again."""
     routed = 0
     for _, module in model.named_modules():
         if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             module.__class__ = _routed_class(type(module))
-            module._dspark_rows = matmul
+            module._dspark_rows, module._dspark_min_rows = matmul, min_rows
             routed += 1
     return routed
 
@@ -262,6 +266,6 @@ def unroute_quantized_rows(model: nn.Module) -> int:
     for _, module in model.named_modules():
         if type(module) in originals:
             module.__class__ = originals[type(module)]
-            del module._dspark_rows
+            del module._dspark_rows, module._dspark_min_rows
             undone += 1
     return undone

@@ -252,7 +252,10 @@ def _routed_loop_ms(target, drafter, tokenizer, candidate, *, tokens: int, passe
     """(MLX ms a token, routed ms a token, a failure or None): the pipelined loop (greedy, compiled
     draft, the head's depth up to 7) with the target's products through MLX's kernels and through
     the candidate, alternately, a warm-up run after each switch (routing drops the compiled traces).
-    Routed, the loop must give the greedy tokens computed through the same products."""
+    First, routed at every width (one-row steps too), the loop must give the greedy tokens computed
+    through the same products. (As the engine routes, one-row steps keep MLX's kernel, whose sums
+    differ from the kernel's by rounding: outputs may then part at ties, as they already do
+    between MLX's one-row and eight-row kernels.)"""
     from ..engine.generate import greedy_generate
     from ..engine.pipeline import pipelined_loop
     from ..engine.sampling import SamplingParams
@@ -266,18 +269,22 @@ def _routed_loop_ms(target, drafter, tokenizer, candidate, *, tokens: int, passe
         return pipelined_loop(target, ids, SamplingParams(), drafter, max_new_tokens=tokens, cap=cap,
                               stream=TextStream(tokenizer, None, None), mode="dspark-pipe", compile_draft=True)
 
+    def route(product, **kw):
+        target.route_quantized_rows(product, **kw)
+        drafter.drop_traces()  # its compiled draft calls the target's lm_head
+
     times = {"mlx": [], "kernel": []}
     try:
-        for rep in range(passes):
+        # Lossless through the kernel's own arithmetic: every width routed, one-row steps too.
+        route(candidate, min_rows=1)
+        got, want = run().token_ids, greedy_generate(target, tokenizer, ids, max_new_tokens=tokens).token_ids
+        if got != want:
+            at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(want), len(got)))
+            return 0.0, 0.0, f"routed, the loop's tokens differ from routed greedy decoding's (first at token {at})"
+        for _ in range(passes):  # timed as the engine routes (rows_kernel.MIN_ROWS up)
             for name in times:
-                target.route_quantized_rows(candidate if name == "kernel" else None)
-                drafter.drop_traces()  # its compiled draft calls the target's lm_head
-                first = run()  # warm-up: traces and kernels are built on first use
-                if rep == 0 and name == "kernel":
-                    want = greedy_generate(target, tokenizer, ids, max_new_tokens=tokens).token_ids
-                    if first.token_ids != want:
-                        at = next((i for i, (a, b) in enumerate(zip(first.token_ids, want)) if a != b), min(len(want), len(first.token_ids)))
-                        return 0.0, 0.0, f"routed, the loop's tokens differ from routed greedy decoding's (first at token {at})"
+                route(candidate if name == "kernel" else None)
+                run()  # warm-up: traces and kernels are built on first use
                 r = run()
                 times[name].append(1000 / max(r.decode_tokens_per_sec, 1e-9))
     finally:
