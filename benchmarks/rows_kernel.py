@@ -37,7 +37,8 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
 from dspark_lab.engine import load_target  # noqa: E402
-from dspark_lab.engine.rows_kernel import quantized_rows_matmul, reference_rows_matmul, supports  # noqa: E402
+from dspark_lab.engine.rows_kernel import (every_width, quantized_rows_matmul, reference_rows_matmul, supports,  # noqa: E402
+                                           worth_routing)
 
 BATCH = 40  # products a timed evaluation holds
 
@@ -79,18 +80,19 @@ def main() -> None:
     ap.add_argument("--tree-pipe", default="16")
     ap.add_argument("--cap", type=int, default=7)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--min-rows", type=int, default=2, help="the routed copy's fewest rows through the kernel (1: every decode step)")
+    ap.add_argument("--every-width", action="store_true",
+                    help="the routed copy sends every product the kernel takes through it (default: the engine's policy, worth_routing)")
     ap.add_argument("--reference", action="store_true",
                     help="route through reference_rows_matmul (MLX operations) instead of the kernel: a dry run of this script off CUDA")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    rows_list = [int(r) for r in args.rows.split(",")]
+    rows_list = [int(r) for r in args.rows.split(",") if r.strip()]
     kernel = reference_rows_matmul if args.reference else quantized_rows_matmul()
     plain, tok = load_target(args.model)
     routed, _ = load_target(args.model)
-    print(f"{routed.route_quantized_rows(kernel, min_rows=args.min_rows)} layers routed through the kernel "
-          f"from {args.min_rows} rows", flush=True)
+    policy = every_width if args.every_width else worth_routing
+    print(f"{routed.route_quantized_rows(kernel, policy=policy)} layers routed through the kernel ({policy.__name__})", flush=True)
     report: dict = {"model": args.model, "device": str(mx.default_device()), "layers": {}, "forward": {}}
 
     mx.random.seed(0)
@@ -132,7 +134,7 @@ def main() -> None:
             c.ensure(bound)
         caches[name] = cache
     offset = mx.array(ids.shape[0], dtype=mx.int32)
-    for width in (int(w) for w in args.widths.split(",")):
+    for width in (int(w) for w in args.widths.split(",") if w.strip()):
         feed = ids[:width]
         fns = {name: (lambda t=t, c=caches[name]: t.forward_at(feed, c, offset, capacity=bound).logits)
                for name, t in (("mlx", plain), ("kernel", routed))}

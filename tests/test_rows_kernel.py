@@ -13,9 +13,9 @@ from conftest import PROMPTS
 from dspark_lab import greedy_generate, load_target, speculative_generate
 from dspark_lab.engine.drafters.load import load_dspark
 from dspark_lab.engine.kernels import cuda_available
-from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, dequantize_float32, k_split, quantized_rows_matmul,
-                                           reference_rows_matmul, route_quantized_rows, supports,
-                                           unroute_quantized_rows)
+from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, dequantize_float32, every_width, k_split,
+                                           quantized_rows_matmul, reference_rows_matmul, route_quantized_rows, supports,
+                                           unroute_quantized_rows, worth_routing)
 from dspark_lab.db import open_db
 from dspark_lab.lab import kernel_probe
 from dspark_lab.lab.kernel_probe import choose_rows_kernel, measure_rows_kernel
@@ -80,22 +80,34 @@ def test_the_stand_in_is_the_float32_product_rounded_once():
     assert mx.allclose(dequantize_float32(q8.weight, q8.scales, q8.biases, group_size=64, bits=8), w8, atol=1e-2).item()
 
 
-def test_routed_layers_use_it_up_to_max_rows_and_go_back():
+def test_routed_layers_use_it_where_the_policy_says_and_go_back():
     q = _quantized_linear()
     model = nn.Sequential(q, nn.ReLU(), _quantized_linear(64, 64, seed=1))
     product = Counting()
-    assert route_quantized_rows(model, product) == 2
-    assert route_quantized_rows(model, product) == 2  # again: no class of a class
+    assert route_quantized_rows(model, product, policy=every_width) == 2
+    assert route_quantized_rows(model, product, policy=every_width) == 2  # again: no class of a class
     assert type(q).__mro__[1] is nn.QuantizedLinear
     x = mx.random.normal((2, 3, 128)).astype(mx.bfloat16)
     y = q(x)
     assert product.shapes == [(2, 3, 128)]
     assert mx.array_equal(y, reference_rows_matmul(x, q.weight, q.scales, q.biases, group_size=64, bits=4) + q.bias).item()
-    q(mx.zeros((MAX_ROWS + 1, 128), dtype=mx.bfloat16))  # a prefill: MLX's kernel
-    q(x.astype(mx.float32))
-    q(x[:1, :1])  # one row, a plain decode step: MLX's matrix-vector kernel by default
-    assert product.shapes == [(2, 3, 128)]
+    q(x[:1, :1])  # one row: every width is routed under this policy
+    q(mx.zeros((MAX_ROWS + 1, 128), dtype=mx.bfloat16))  # a prefill: never
+    q(x.astype(mx.float32))  # not bfloat16: never
+    assert product.shapes == [(2, 3, 128), (1, 1, 128)]
+    route_quantized_rows(model, product)  # the engine's policy: a layer this small stays with MLX's kernel
+    q(x)
+    assert len(product.shapes) == 2
     assert unroute_quantized_rows(model) == 2 and type(q) is nn.QuantizedLinear and not hasattr(q, "_dspark_rows")
+
+
+def test_the_engine_routes_where_mlx_reads_the_weights_again_for_every_row():
+    """Measured on the H100 (thirty-eighth round): the vocabulary projection from 2 rows, an MLP
+    matrix from 4, a small attention matrix never; from 8 rows MLX's tensor-core kernel wins."""
+    vocab, mlp, attention = 151936 * 896, 4864 * 896, 896 * 896
+    assert [worth_routing(r, vocab) for r in (1, 2, 7, 8, 17)] == [False, True, True, False, False]
+    assert [worth_routing(r, mlp) for r in (2, 3, 4, 7, 8)] == [False, True, True, True, False]
+    assert not any(worth_routing(r, attention) for r in range(1, MAX_ROWS + 1))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +115,7 @@ def routed(tiny_dirs):
     """The tiny qwen3 (tied embeddings) at 4 bits with bfloat16 scales, routed through the stand-in."""
     target, tok = load_target(tiny_dirs["qwen3"], dtype="bfloat16", quantize=4)
     product = Counting()
-    changed = target.route_quantized_rows(product, min_rows=1)  # one-row steps too: greedy computes what the verify does
+    changed = target.route_quantized_rows(product, policy=every_width)  # one-row steps too: greedy computes what the verify does
     return target, tok, product, changed
 
 

@@ -30,10 +30,30 @@ import mlx.nn as nn
 
 from .kernels import cuda_available
 
-MAX_ROWS = 32  # above this a forward is a prefill: MLX's tensor-core kernel is the right one there
-# One row (a plain decode step) stays with MLX's matrix-vector kernel: on the H100 the whole one-row
-# forward ran 0.90x through this kernel, whose launches cost more than MLX's own for small layers.
-MIN_ROWS = 2
+MAX_ROWS = 32  # the most rows the kernel takes (a tree's verify); more is a prefill
+
+# Where the engine routes a product through the kernel (worth_routing), from the H100 measurements
+# (docs/performance.md, thirty-eighth round). MLX's own kernels: fewer than 8 rows run its
+# matrix-vector kernel, which reads the weights again for every row; from 8 rows its tensor-core
+# kernel reads them once and beats this one. A call of this kernel costs about 5 us more than one
+# of MLX's (9.5 against 4.5 us for a small layer, whatever the rows), so it pays only where MLX's
+# re-reads cost more: the vocabulary projection from 2 rows (7 rows: 128 against 566 us, the
+# DSpark draft's projection at cap 7), an MLP matrix from 4 rows (7 rows: 13 against 22 us), never
+# a small attention matrix (a one-row forward ran 0.90x through the kernel).
+QMV_ROWS = range(2, 8)  # the widths MLX serves with its per-row matrix-vector kernel
+MIN_WEIGHT_ROWS = 12_000_000  # weights x rows below which MLX's re-reads cost less than this kernel's launch
+
+
+def worth_routing(rows: int, weights: int) -> bool:
+    """Whether a product of `rows` rows with a layer of `weights` weights should go through the
+    kernel (the engine's default policy; route_quantized_rows takes another)."""
+    return rows in QMV_ROWS and rows * weights >= MIN_WEIGHT_ROWS
+
+
+def every_width(rows: int, weights: int) -> bool:
+    """A policy routing every product the kernel takes: one-row steps compute what a verify's rows
+    do, bit for bit (the lossless check of the kernel's own arithmetic)."""
+    return True
 WARP = 32
 
 # Helpers the kernel body calls: activation words to floats. A bfloat16 is the top half of a
@@ -222,7 +242,7 @@ def _routed_class(cls: type) -> type:
         def product(self, x):
             weight, scales, biases = self["weight"], self["scales"], self.get("biases")
             mode = getattr(self, "mode", "affine")
-            if (math.prod(x.shape[:-1]) >= self._dspark_min_rows
+            if (self._dspark_policy(math.prod(x.shape[:-1]), weight.size * 32 // self.bits)
                     and supports(x, weight, scales, biases, group_size=self.group_size, bits=self.bits, mode=mode) is None):
                 return self._dspark_rows(x, weight, scales, biases, group_size=self.group_size, bits=self.bits)
             return mx.quantized_matmul(x, weight, scales=scales, biases=biases, transpose=True,
@@ -245,16 +265,18 @@ def has_quantized_layers(model: nn.Module) -> bool:
     return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
 
 
-def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array], *, min_rows: int = MIN_ROWS) -> int:
+def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array], *,
+                         policy: Callable[[int, int], bool] = worth_routing) -> int:
     """Send every quantized linear layer of `model` (and a quantized embedding, for its tied
-    vocabulary projection) through `matmul` from `min_rows` rows to MAX_ROWS. Returns how many
+    vocabulary projection) through `matmul` where `policy(rows, weights)` says so (and `supports`
+    does), through MLX's kernels elsewhere. Returns how many
     modules were routed. The modules keep their weights; only their class changes (as the
     Target's taps do), so a caller holding a bound `as_linear` must fetch it again."""
     routed = 0
     for _, module in model.named_modules():
         if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             module.__class__ = _routed_class(type(module))
-            module._dspark_rows, module._dspark_min_rows = matmul, min_rows
+            module._dspark_rows, module._dspark_policy = matmul, policy
             routed += 1
     return routed
 
@@ -266,6 +288,6 @@ def unroute_quantized_rows(model: nn.Module) -> int:
     for _, module in model.named_modules():
         if type(module) in originals:
             module.__class__ = originals[type(module)]
-            del module._dspark_rows, module._dspark_min_rows
+            del module._dspark_rows, module._dspark_policy
             undone += 1
     return undone

@@ -261,18 +261,18 @@ class Target:
             raise ValueError(f"launch_every must be >= 0, got {n}")
         self._recorder.launch_every = int(n)
 
-    def route_quantized_rows(self, matmul, *, min_rows: int | None = None) -> int:
+    def route_quantized_rows(self, matmul, *, policy=None) -> int:
         """Send the model's quantized layers (and a tied vocabulary projection) through `matmul`
-        for the few rows a decode step or a verify feeds (engine/rows_kernel.py: on CUDA, one
-        kernel that reads each weight once for every row, where MLX's reads it per row or leaves
-        the GPU idle); `None` puts MLX's own kernels back. Returns how many layers changed. The
+        where `policy(rows, weights)` says so (default rows_kernel.worth_routing: the widths where
+        MLX's kernel reads the weights again for every row, e.g. a draft's vocabulary projection;
+        engine/rows_kernel.py's kernel reads them once); `None` puts MLX's own kernels back. Returns how many layers changed. The
         target's compiled traces are dropped (they would keep the old product); a drafter bound to
         the target that already drafted must drop its own (drafter.drop_traces())."""
         from .rows_kernel import route_quantized_rows, unroute_quantized_rows
 
         changed = unroute_quantized_rows(self.model)
         if matmul is not None:
-            changed = route_quantized_rows(self.model, matmul, **({} if min_rows is None else {"min_rows": min_rows}))
+            changed = route_quantized_rows(self.model, matmul, **({} if policy is None else {"policy": policy}))
         self._head = _inner_and_head(self.model)[3]  # a tied projection is a bound as_linear: bind it again
         self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
         self.rows_routed = matmul is not None and changed > 0

@@ -253,11 +253,12 @@ def _routed_loop_ms(target, drafter, tokenizer, candidate, *, tokens: int, passe
     draft, the head's depth up to 7) with the target's products through MLX's kernels and through
     the candidate, alternately, a warm-up run after each switch (routing drops the compiled traces).
     First, routed at every width (one-row steps too), the loop must give the greedy tokens computed
-    through the same products. (As the engine routes, one-row steps keep MLX's kernel, whose sums
+    through the same products. (As the engine routes, most products keep MLX's kernels, whose sums
     differ from the kernel's by rounding: outputs may then part at ties, as they already do
     between MLX's one-row and eight-row kernels.)"""
     from ..engine.generate import greedy_generate
     from ..engine.pipeline import pipelined_loop
+    from ..engine.rows_kernel import every_width
     from ..engine.sampling import SamplingParams
     from ..engine.text import TextStream, encode_prompt
     from .prompts import load_prompt_set
@@ -276,12 +277,12 @@ def _routed_loop_ms(target, drafter, tokenizer, candidate, *, tokens: int, passe
     times = {"mlx": [], "kernel": []}
     try:
         # Lossless through the kernel's own arithmetic: every width routed, one-row steps too.
-        route(candidate, min_rows=1)
+        route(candidate, policy=every_width)
         got, want = run().token_ids, greedy_generate(target, tokenizer, ids, max_new_tokens=tokens).token_ids
         if got != want:
             at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(want), len(got)))
             return 0.0, 0.0, f"routed, the loop's tokens differ from routed greedy decoding's (first at token {at})"
-        for _ in range(passes):  # timed as the engine routes (rows_kernel.MIN_ROWS up)
+        for _ in range(passes):  # timed as the engine routes (rows_kernel.worth_routing)
             for name in times:
                 route(candidate if name == "kernel" else None)
                 run()  # warm-up: traces and kernels are built on first use
