@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--tree-pipe", default="16")
     ap.add_argument("--cap", type=int, default=7)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default=None, help="cast the float weights and a quantized model's scales (bfloat16: what the kernel reads)")
     ap.add_argument("--every-width", action="store_true",
                     help="the routed copy sends every product the kernel takes through it (default: the engine's policy, worth_routing)")
     ap.add_argument("--reference", action="store_true",
@@ -89,8 +90,8 @@ def main() -> None:
     args = ap.parse_args()
     rows_list = [int(r) for r in args.rows.split(",") if r.strip()]
     kernel = reference_rows_matmul if args.reference else quantized_rows_matmul()
-    plain, tok = load_target(args.model)
-    routed, _ = load_target(args.model)
+    plain, tok = load_target(args.model, dtype=args.dtype)
+    routed, _ = load_target(args.model, dtype=args.dtype)
     policy = every_width if args.every_width else worth_routing
     print(f"{routed.route_quantized_rows(kernel, policy=policy)} layers routed through the kernel ({policy.__name__})", flush=True)
     report: dict = {"model": args.model, "device": str(mx.default_device()), "layers": {}, "forward": {}}

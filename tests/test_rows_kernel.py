@@ -234,3 +234,52 @@ def test_the_cli_asks_for_cuda_when_told_to_route_and_stays_quiet_otherwise(tiny
     assert refused.exit_code != 0 and "CUDA" in refused.output and "Leave --rows-kernel off" in refused.output
     quiet = CliRunner().invoke(app, args)
     assert quiet.exit_code == 0 and "rows-kernel" not in quiet.output
+
+
+def test_a_sweep_names_the_kernel_as_a_precision_and_needs_cuda_for_it(tiny_dirs):
+    """--precisions rows-kernel: trials of MODEL@rows-kernel, their own baseline beside as-loaded;
+    off CUDA loading it is refused with the fix named."""
+    from dspark_lab.engine.names import split_variant, target_key
+    from dspark_lab.errors import InputError
+    from dspark_lab.lab.sweep import check_precision, load_variant, model_variant
+
+    assert check_precision("Rows-Kernel") == "rows-kernel"
+    mid = model_variant("/m/qwen2.5-coder-0.5b-q4-bfloat16", "rows-kernel")
+    assert mid == "/m/qwen2.5-coder-0.5b-q4-bfloat16@rows-kernel"
+    assert split_variant(mid) == ("/m/qwen2.5-coder-0.5b-q4-bfloat16", "rows-kernel")
+    assert target_key(mid) == "qwen2.5-coder-0.5b@rows-kernel"
+    if not cuda_available():
+        with pytest.raises(InputError, match="drop it from --precisions"):
+            load_variant(model_variant(str(tiny_dirs["qwen3"]), "rows-kernel"))
+
+
+def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypatch):
+    """benchmarks/rows_kernel.py --reference and benchmarks/forward_parts.py on a tiny 4-bit model:
+    every section runs and reports (the numbers mean nothing on a CPU)."""
+    import json
+    import sys
+
+    from scripts import load_script
+
+    from dspark_lab.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    head = build_tiny_dspark(tmp_path / "h", model, markov_rank=0)
+    out = tmp_path / "rows.json"
+    monkeypatch.setattr(sys, "argv", ["rows_kernel.py", "--model", str(model), "--head", str(head), "--reference",
+                                      "--dtype", "bfloat16", "--rows", "1,9", "--widths", "1,8", "--repeats", "1",
+                                      "--prompts", "1", "--max-new-tokens", "8", "--tree-pipe", "4", "--cap", "4",
+                                      "--every-width", "--json", str(out)])
+    load_script("rows_kernel").main()
+    report = json.loads(out.read_text())
+    assert report["layers"] and all(e[str(r)]["kernel_error"] == 0.0 for e in report["layers"].values() for r in (1, 9))
+    assert set(report["forward"]) == {"1", "8"}
+    arms = {r["arm"] for r in report["decode"]}
+    assert arms == {f"{a}-{c}" for a in ("greedy", "pipe", "tree4-pipe") for c in ("mlx", "kernel")}
+    assert all(r["equals_own_greedy"] for r in report["decode"])  # routed at every width: the kernel's own arithmetic
+    out = tmp_path / "parts.json"
+    monkeypatch.setattr(sys, "argv", ["forward_parts.py", "--model", str(model), "--widths", "1,4", "--prefill", "24",
+                                      "--repeats", "1", "--json", str(out)])
+    load_script("forward_parts").main()
+    widths = json.loads(out.read_text())["widths"]
+    assert set(widths) == {"1", "4"} and all(p["forward"] > 0 and p["products"] > 0 for p in widths.values())

@@ -1,7 +1,7 @@
 """Names for models and drafters as reports and the registry show them.
 
 Trials store a model as given (a local path or a hub repo id), or, for a sweep's precision other
-than as-loaded, with its label: MODEL@q8, MODEL@dequantized. Reports show its last path part; the
+than as-loaded, with its label: MODEL@q8, MODEL@dequantized, MODEL@rows-kernel. Reports show its last path part; the
 registry keys a target by a quant-agnostic id, because a drafter trained on a model's hidden
 states serves every quantization of that model, and keeps a precision's label on it, because
 that precision's speedup was measured against its own baseline.
@@ -20,15 +20,16 @@ _QUANT_SUFFIX = re.compile(
 )
 
 
-# A sweep's precisions (lab.sweep): the model as given, or its layers stored another way on load.
-AS_LOADED, DEQUANTIZED = "as-loaded", "dequantized"
+# A sweep's precisions (lab.sweep): the model as given, or its layers stored another way on load,
+# or (ROWS_KERNEL) as stored with their products routed through engine/rows_kernel.py's kernel.
+AS_LOADED, DEQUANTIZED, ROWS_KERNEL = "as-loaded", "dequantized", "rows-kernel"
 
 
 def split_variant(model_id: str) -> tuple[str, str]:
-    """(model, label) of a trial's model id, the label as-loaded, dequantized or qN. An id whose
-    text after its last @ is no such label is a model as given (a path may hold an @)."""
+    """(model, label) of a trial's model id, the label as-loaded, dequantized, rows-kernel or qN.
+    An id whose text after its last @ is no such label is a model as given (a path may hold an @)."""
     path, _, label = model_id.rpartition("@")
-    if path and (label == DEQUANTIZED or (label[:1] == "q" and label[1:].isdigit())):
+    if path and (label in (DEQUANTIZED, ROWS_KERNEL) or (label[:1] == "q" and label[1:].isdigit())):
         return path, label
     return model_id, AS_LOADED
 

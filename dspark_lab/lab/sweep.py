@@ -25,7 +25,7 @@ from typing import Callable
 
 from sqlmodel import Session, select
 
-from ..engine.names import AS_LOADED, DEQUANTIZED, split_variant
+from ..engine.names import AS_LOADED, DEQUANTIZED, ROWS_KERNEL, split_variant
 from ..errors import DsparkError, InputError, LoadError
 from ..schemas.records import Run, Trial, utcnow
 
@@ -54,7 +54,9 @@ AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size
 # "as-loaded", "dequantized" (a quantized model's layers as float matrices), or weight bits
 # (quantized on load, groups of 64; a quantized model's layers dequantized first). Trials of a
 # precision other than as-loaded carry the model id with its label, MODEL@q8 or MODEL@dequantized:
-# their own baseline, speedups, cost curves and registry entry.
+# their own baseline, speedups, cost curves and registry entry. "rows-kernel" keeps the weights as
+# stored and routes their products through engine/rows_kernel.py's CUDA kernel where
+# rows_kernel.worth_routing says so (MODEL@rows-kernel): beside as-loaded, the kernel side by side.
 # The labels, and split_variant that reads one back, live in engine.names: the registry keys targets by them.
 
 
@@ -149,9 +151,9 @@ def check_precision(precision) -> str:
     from ..engine.loading import SUPPORTED_QUANT_BITS
 
     name = str(precision).strip().lower()
-    if name in (AS_LOADED, DEQUANTIZED) or (name.isdigit() and int(name) in SUPPORTED_QUANT_BITS):
+    if name in (AS_LOADED, DEQUANTIZED, ROWS_KERNEL) or (name.isdigit() and int(name) in SUPPORTED_QUANT_BITS):
         return name
-    raise InputError(f"precision {precision!r} is not one of {AS_LOADED}, {DEQUANTIZED} or weight bits "
+    raise InputError(f"precision {precision!r} is not one of {AS_LOADED}, {DEQUANTIZED}, {ROWS_KERNEL} or weight bits "
                      f"({', '.join(map(str, SUPPORTED_QUANT_BITS))}); e.g. --precisions {AS_LOADED},8,{DEQUANTIZED}.")
 
 
@@ -159,7 +161,7 @@ def model_variant(model: str, precision: str) -> str:
     """The model id a precision's trials carry: the model as given, or MODEL@q8 / MODEL@dequantized."""
     if precision == AS_LOADED:
         return model
-    return f"{model}@{DEQUANTIZED if precision == DEQUANTIZED else 'q' + precision}"
+    return f"{model}@{precision if precision in (DEQUANTIZED, ROWS_KERNEL) else 'q' + precision}"
 
 
 def load_variant(model_id: str, dtype: str | None = None):
@@ -169,6 +171,18 @@ def load_variant(model_id: str, dtype: str | None = None):
     path, label = split_variant(model_id)
     if label == DEQUANTIZED:
         return load_target(path, dtype=dtype, dequantize=True)
+    if label == ROWS_KERNEL:
+        from ..engine.rows_kernel import has_quantized_layers, quantized_rows_matmul
+
+        try:
+            matmul = quantized_rows_matmul()
+        except RuntimeError as e:
+            raise InputError(f"precision {ROWS_KERNEL}: {e}; drop it from --precisions on this machine.") from None
+        target, tok = load_target(path, dtype=dtype)
+        if not has_quantized_layers(target.model):
+            raise InputError(f"precision {ROWS_KERNEL}: {path} has no quantized layers for the kernel; drop it from --precisions.")
+        target.route_quantized_rows(matmul)
+        return target, tok
     if label != AS_LOADED:
         return load_target(path, dtype=dtype, quantize=int(label[1:]))
     return load_target(path, dtype=dtype)

@@ -1,0 +1,116 @@
+"""Where a verify forward's per-row cost goes: its products, its attention, the rest, by width.
+
+    python benchmarks/forward_parts.py --model DIR [--widths 1,2,4,8,16] [--prefill 200] [--repeats 30] [--json F]
+
+The thirty-seventh round found a 4-bit Qwen 0.5B forward costing 3.1 ms at 2 rows and 4.5 at 8
+on an H100; the thirty-eighth found MLX's 4-bit products no dearer at 8 rows than at 2 (its
+tensor-core kernel takes over from 8), so the rows are paid elsewhere. After a prefill of
+--prefill tokens, at each width this times, each evaluated alone (median of --repeats after
+warm-up, milliseconds):
+  forward       the compiled forward_at the pipelined loops run (array offset, a boolean mask
+                over the whole bucketed buffer);
+  products      every quantized layer's product at the width, once each, in one evaluation;
+  attention     the layers' attention as the compiled forward calls it: scaled_dot_product_attention
+                over the whole buffer with the boolean mask, once a layer;
+  attention (sliced, causal)  the same over the buffer sliced to the filled length with the
+                "causal" mask (what a plain forward with a host offset runs);
+  rest          forward minus products minus attention: norms, rope, the cache writes, elementwise.
+Nothing is asserted: the table says which part grows with the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+
+from dspark_lab.engine import load_target  # noqa: E402
+
+
+def timed_ms(fn, repeats: int) -> float:
+    for _ in range(3):
+        mx.eval(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--widths", default="1,2,4,8,16")
+    ap.add_argument("--prefill", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--dtype", default=None, help="load the target in this precision (float32 on a CPU)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    target, _ = load_target(args.model, dtype=args.dtype)
+    cfg = target.config
+    heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    head_dim, layers = target.head_dim, target.num_layers
+    ids = mx.array([(i * 7919) % 1000 + 100 for i in range(args.prefill)], dtype=mx.uint32)
+    cache = target.make_cache()
+    target.forward(ids, cache, last_only=True)
+    bound = args.prefill + 64
+    for c in cache:
+        c.ensure(bound)
+    offset = mx.array(args.prefill, dtype=mx.int32)
+    buffer = cache[0].keys.shape[2]
+    dtype = cache[0].keys.dtype
+    # Every product of the forward; a tied embedding's only as the vocabulary projection.
+    products = [m for _, m in target.model.named_modules() if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
+    if "lm_head" not in target.model:
+        products.append(target._embed)
+    print(f"{args.model}: {layers} layers, {heads} heads / {kv_heads} kv, head dim {head_dim}, "
+          f"buffer {buffer} positions ({args.prefill} filled), {len(products)} products", flush=True)
+    report = {"model": args.model, "prefill": args.prefill, "buffer": buffer, "widths": {}}
+    key = mx.random.key(0)
+    for w in (int(x) for x in args.widths.split(",") if x.strip()):
+        feed = ids[:w]
+
+        def forward():
+            return target.forward_at(feed, cache, offset, capacity=bound).logits
+
+        quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+        xs = {id(m): mx.random.normal((1, w, m.weight.shape[1] * (32 // m.bits if isinstance(m, quantized) else 1)),
+                                      key=key).astype(dtype) for m in products}
+
+        def all_products():
+            return [m.as_linear(xs[id(m)]) if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding)) else m(xs[id(m)])
+                    for m in products]
+
+        q = mx.random.normal((1, heads, w, head_dim), key=key).astype(dtype)
+        keys, values = cache[0].keys, cache[0].values
+        mask = (mx.arange(buffer)[None] <= offset + mx.arange(w)[:, None])
+        filled = args.prefill + w
+
+        def attention_masked():
+            return [mx.fast.scaled_dot_product_attention(q, keys, values, scale=head_dim ** -0.5, mask=mask) for _ in range(layers)]
+
+        def attention_sliced():
+            k, v = keys[:, :, :filled], values[:, :, :filled]
+            return [mx.fast.scaled_dot_product_attention(q, k, v, scale=head_dim ** -0.5, mask="causal") for _ in range(layers)]
+
+        parts = {"forward": timed_ms(forward, args.repeats), "products": timed_ms(all_products, args.repeats),
+                 "attention": timed_ms(attention_masked, args.repeats),
+                 "attention (sliced, causal)": timed_ms(attention_sliced, args.repeats)}
+        parts["rest"] = parts["forward"] - parts["products"] - parts["attention"]
+        report["widths"][w] = parts
+        print(f"width {w:2d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items()), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
