@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,16 +32,12 @@ import mlx.nn as nn  # noqa: E402
 
 from dspark_lab.engine import load_target  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tree_round_parts import timed  # noqa: E402  (median seconds of a call evaluated alone, after warm-up)
+
 
 def timed_ms(fn, repeats: int) -> float:
-    for _ in range(3):
-        mx.eval(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return timed(fn, repeats) * 1e3
 
 
 def main() -> None:

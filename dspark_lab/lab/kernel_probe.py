@@ -183,14 +183,21 @@ def choose_lookup_kernel(*, db=None, reprobe: bool = False, candidate: Callable 
     """The stored verdict for the n-gram kernel on this machine (same device stamp) and, with
     `loop=(target, drafter, tokenizer)`, this pair (`model_id` names it in the key), else a fresh
     probe, stored when `db` is given (unavailable verdicts are not stored: they cost nothing)."""
+    options = {"ns": list(LOOKUP_NS), "buffer": BUFFER, "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
+               "stage": "loop" if loop is not None else "match"}
+    return _stored_or_measured("lookup_kernel", options, model_id if loop is not None else "", db, reprobe,
+                               lambda: measure_lookup_kernel(candidate, loop=loop))
+
+
+def _stored_or_measured(probe: str, options: dict, model_id: str, db, reprobe: bool,
+                        measure: Callable[[], KernelVerdict]) -> KernelVerdict:
+    """The verdict stored for this probe, machine (device stamp), model and options, else
+    `measure()`'s, stored when `db` is given (unavailable verdicts are not: they cost nothing)."""
     from .device import collect_device_stamp, device_key
     from .probe_store import probe_key, store_verdict, stored_verdict
 
-    options = {"ns": list(LOOKUP_NS), "buffer": BUFFER, "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
-               "stage": "loop" if loop is not None else "match"}
     stamp = collect_device_stamp(options)
-    model_id = model_id if loop is not None else ""
-    key = probe_key("lookup_kernel", device_key(stamp), model_id, options)
+    key = probe_key(probe, device_key(stamp), model_id, options)
     if db is not None and not reprobe:
         stored = stored_verdict(db, key)
         if stored is not None:
@@ -200,9 +207,9 @@ def choose_lookup_kernel(*, db=None, reprobe: bool = False, candidate: Callable 
                 return verdict
             except TypeError:  # a damaged record: measure again
                 pass
-    verdict = measure_lookup_kernel(candidate, loop=loop)
+    verdict = measure()
     if db is not None and verdict.available:
-        store_verdict(db, key=key, probe="lookup_kernel", stamp=stamp, model_id=model_id, options=options, verdict=verdict.to_dict())
+        store_verdict(db, key=key, probe=probe, stamp=stamp, model_id=model_id, options=options, verdict=verdict.to_dict())
     return verdict
 
 
@@ -337,23 +344,6 @@ def choose_rows_kernel(target, *, db=None, reprobe: bool = False, candidate: Cal
                        model_id: str = "") -> KernelVerdict:
     """The stored verdict for the rows kernel on this machine and this pair (`model_id` names it),
     else a fresh probe (measure_rows_kernel), stored when `db` is given."""
-    from .device import collect_device_stamp, device_key
-    from .probe_store import probe_key, store_verdict, stored_verdict
-
     options = {"rows": list(ROWS_CHECKED), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
                "stage": "loop" if loop is not None else "check"}
-    stamp = collect_device_stamp(options)
-    key = probe_key("rows_kernel", device_key(stamp), model_id, options)
-    if db is not None and not reprobe:
-        stored = stored_verdict(db, key)
-        if stored is not None:
-            try:
-                verdict = KernelVerdict(**stored)
-                verdict.reused = True
-                return verdict
-            except TypeError:  # a damaged record: measure again
-                pass
-    verdict = measure_rows_kernel(target, candidate, loop=loop)
-    if db is not None and verdict.available:
-        store_verdict(db, key=key, probe="rows_kernel", stamp=stamp, model_id=model_id, options=options, verdict=verdict.to_dict())
-    return verdict
+    return _stored_or_measured("rows_kernel", options, model_id, db, reprobe, lambda: measure_rows_kernel(target, candidate, loop=loop))
