@@ -2,7 +2,7 @@
 matmul, side by side in one process (CUDA only).
 
     python benchmarks/rows_kernel.py --model DIR [--head DIR] [--rows 1,2,4,7,8,9,16,17,32] [--widths 1,2,8,16,17,33]
-        [--repeats 30] [--prompts 4] [--tree-pipe 16] [--json F]
+        [--repeats 30] [--prompts 4] [--tree-pipe 16] [--every-width] [--json F]
 
 1. Exactness, for each distinct quantized layer shape of the model and each row count: the kernel
    and mx.quantized_matmul against a float32 reference (weights dequantized in float32, a float32
@@ -12,11 +12,12 @@ matmul, side by side in one process (CUDA only).
 2. Each layer shape's product timed: 40 independent calls in one evaluation, the median over
    --repeats such batches, per call (launch included), the kernel beside MLX's.
 3. The whole forward (the compiled forward_at the pipelined loops run) at each width after a
-   prefill: the model loaded twice, one copy routed through the kernel, timed interleaved (widths
-   above compiled.MAX_WIDTH run op by op, as the loops run them).
+   prefill: the model loaded twice, one copy routed through the kernel (where the engine's policy,
+   rows_kernel.worth_routing, routes; --every-width: every product the kernel takes), timed
+   interleaved (widths above compiled.MAX_WIDTH run op by op, as the loops run them).
 4. With --head: decoding, each copy with its own instance of the head, arm after arm on each
    prompt (the first --prompts built-in prompts of code, math, chat; 128 tokens, after a warm-up):
-   greedy, the pipelined chain (compiled draft) and the pipelined trees of --tree-pipe nodes, cap 7,
+   greedy, the pipelined chain (compiled draft) and the pipelined trees of --tree-pipe nodes, at --cap,
    through MLX's kernels and through the rows kernel; each arm's decode rate over MLX's greedy on
    the prompt, and whether its tokens equal its own copy's greedy.
 Nothing is asserted; the numbers decide whether the engine should route (docs/performance.md).

@@ -1,11 +1,12 @@
 """A quantized matmul for the few rows a speculative round feeds (CUDA), and its routing.
 
-Why: a verify forward feeds 8-33 rows (the drafts, or a tree's nodes). On MLX's CUDA backend a
-4-bit matmul of fewer than 8 rows runs a matrix-vector kernel that reads the weights again for
-every row, and from 8 rows on a tensor-core kernel whose tiles leave most of the GPU idle at
-this size: a whole Qwen 0.5B forward costs 3.1 ms at 2 rows, 4.5 at 8, 6.2 at 17 on an H100
-(docs/performance.md, thirty-seventh round), where the weights alone take 0.1 ms to read. This
-kernel reads each weight once for all rows.
+Why: a DSpark draft projects its cap's rows onto the vocabulary, a verify feeds cap + 1 rows, a
+tree's verify its nodes + 1. On MLX's CUDA backend a 4-bit product of fewer than 8 rows runs a
+matrix-vector kernel that reads the weights again for every row (the 0.5B's vocabulary
+projection: 87 us at one row, 566 at 7 on an H100); from 8 rows its tensor-core kernel reads them
+once. This kernel reads each weight once for all of 1-32 rows. Measured (docs/performance.md,
+thirty-eighth round), it beats MLX's only where MLX re-reads a large matrix (its launch costs about
+5 us more than MLX's), so the engine routes only there (worth_routing).
 
 How: one thread block per C output columns; its warps split the K dimension, each lane takes
 every 32nd packed word of its share, dequantizes the word's 8 (4-bit) or 4 (8-bit) weights once
@@ -16,8 +17,9 @@ order whatever the number of rows or columns a block takes, so a row's result do
 how many rows came with it: a verify's rows equal, bit for bit, what a one-row step through the
 kernel computes. (MLX's own kernels differ there: bfloat16 sums below 8 rows, float32 from 8.)
 
-Whether it is exact enough and faster on a machine is measured (benchmarks/rows_kernel.py), not
-assumed; the engine routes through it only when asked (Target.route_quantized_rows).
+Whether it is exact enough and faster on a machine is measured (benchmarks/rows_kernel.py;
+per machine and pair by lab/kernel_probe.choose_rows_kernel), not assumed; the engine routes
+through it only when asked (Target.route_quantized_rows).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def every_width(rows: int, weights: int) -> bool:
     """A policy routing every product the kernel takes: one-row steps compute what a verify's rows
     do, bit for bit (the lossless check of the kernel's own arithmetic)."""
     return True
+
+
 WARP = 32
 
 # Helpers the kernel body calls: activation words to floats. A bfloat16 is the top half of a
@@ -233,8 +237,8 @@ _ROUTED_CLASSES: dict[type, type] = {}
 
 def _routed_class(cls: type) -> type:
     """A subclass of a quantized linear or embedding class whose product (its call, or as_linear
-    for a tied embedding) goes through the module's `_dspark_rows` matmul where `supports` says
-    so, and through MLX's otherwise."""
+    for a tied embedding) goes through the module's `_dspark_rows` matmul where its policy and
+    `supports` say so, and through MLX's otherwise."""
     if cls in _ROUTED_CLASSES.values():
         return cls
     if cls not in _ROUTED_CLASSES:
@@ -269,9 +273,9 @@ def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array], *,
                          policy: Callable[[int, int], bool] = worth_routing) -> int:
     """Send every quantized linear layer of `model` (and a quantized embedding, for its tied
     vocabulary projection) through `matmul` where `policy(rows, weights)` says so (and `supports`
-    does), through MLX's kernels elsewhere. Returns how many
-    modules were routed. The modules keep their weights; only their class changes (as the
-    Target's taps do), so a caller holding a bound `as_linear` must fetch it again."""
+    does), through MLX's kernels elsewhere. Returns how many modules were routed. The modules keep
+    their weights; only their class changes (as the Target's taps do), so a caller holding a
+    bound `as_linear` must fetch it again."""
     routed = 0
     for _, module in model.named_modules():
         if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):

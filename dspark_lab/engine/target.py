@@ -265,9 +265,10 @@ class Target:
         """Send the model's quantized layers (and a tied vocabulary projection) through `matmul`
         where `policy(rows, weights)` says so (default rows_kernel.worth_routing: the widths where
         MLX's kernel reads the weights again for every row, e.g. a draft's vocabulary projection;
-        engine/rows_kernel.py's kernel reads them once); `None` puts MLX's own kernels back. Returns how many layers changed. The
-        target's compiled traces are dropped (they would keep the old product); a drafter bound to
-        the target that already drafted must drop its own (drafter.drop_traces())."""
+        engine/rows_kernel.py's kernel reads them once); `None` puts MLX's own kernels back.
+        Returns how many layers changed. The target's compiled traces are dropped (they would keep
+        the old product); a drafter bound to the target that already drafted must drop its own
+        (drafter.drop_traces())."""
         from .rows_kernel import route_quantized_rows, unroute_quantized_rows
 
         changed = unroute_quantized_rows(self.model)
