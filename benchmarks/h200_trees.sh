@@ -21,8 +21,9 @@
 #  repeats the parts and the evaluation on the target's bf16 copy (--dequantize: the thirty-seventh
 #  round found the 4-bit verify paying for every row, which a bf16 matmul should not)
 #  -> OUT/NAME/{parts,eval_trees}_dequantized.*; PRECISIONS=kernel repeats them on the stored weights
-#  routed through the rows kernel (engine/rows_kernel.py: each weight read once for all the rows
-#  a verify feeds) -> OUT/NAME/{parts,eval_trees}_kernel.*; ROWS_CHECK=1 first runs
+#  routed through the rows kernel where the engine routes (engine/rows_kernel.py: the products MLX
+#  computes re-reading the weights per row, a draft's vocabulary projection among them)
+#  -> OUT/NAME/{parts,eval_trees}_kernel.*; ROWS_CHECK=1 first runs
 #  benchmarks/rows_kernel.py (the kernel against MLX's quantized matmul, layer by layer and whole
 #  forwards) -> OUT/NAME/rows_kernel.{json,log}; the sweep runs on the stored weights.
 # Heads unquantized (--drafter-bits 16), as every device evaluation of them. An empty TREES, TREE_PLAIN or

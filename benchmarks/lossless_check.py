@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated prompt ids: just these (e.g. one that parted from greedy on the GPU)")
     ap.add_argument("--dtype", help="load the target in this dtype (float32: where a bf16 run parted at a near-tie, is it rounding?)")
     ap.add_argument("--dequantize", action="store_true", help="a quantized target's layers as float matrices (with --dtype float32: the CPU's fast path)")
-    ap.add_argument("--rows-kernel", action="store_true", help="the quantized target's layers through the rows kernel (engine/rows_kernel.py, CUDA), greedy included")
+    ap.add_argument("--rows-kernel", action="store_true", help="the quantized target's products through the rows kernel (engine/rows_kernel.py, CUDA) where the engine routes them (rows_kernel.worth_routing), every arm alike")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--cap", type=int, default=4)
     ap.add_argument("--lookup-drafts", action="store_true")

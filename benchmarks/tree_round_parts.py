@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--drafter-bits", type=int, default=16)
     ap.add_argument("--dtype", default=None, help="load the target in this precision (float32 on a CPU)")
     ap.add_argument("--dequantize", action="store_true", help="a quantized target's layers as float matrices (the width costs of its bf16 copy)")
-    ap.add_argument("--rows-kernel", action="store_true", help="the quantized target's layers through the rows kernel (engine/rows_kernel.py, CUDA), greedy included")
+    ap.add_argument("--rows-kernel", action="store_true", help="the quantized target's products through the rows kernel (engine/rows_kernel.py, CUDA) where the engine routes them (rows_kernel.worth_routing), every arm alike")
     ap.add_argument("--cap", type=int, default=7)
     ap.add_argument("--nodes", default="1,16,32")
     ap.add_argument("--repeats", type=int, default=30)
