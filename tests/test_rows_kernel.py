@@ -283,3 +283,38 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     load_script("forward_parts").main()
     widths = json.loads(out.read_text())["widths"]
     assert set(widths) == {"1", "4"} and all(p["forward"] > 0 and p["products"] > 0 for p in widths.values())
+
+
+def test_the_trees_session_script_runs_the_kernel_precision_and_check(tmp_path):
+    """benchmarks/h200_trees.sh with python3 stubbed: PRECISIONS=stored,kernel repeats the parts and
+    the evaluation with --rows-kernel into *_kernel files, ROWS_CHECK=1 runs rows_kernel.py first,
+    and an unknown precision stops with the choices."""
+    import os
+    import subprocess
+
+    from scripts import BENCHMARKS
+
+    bin_dir, heads = tmp_path / "bin", tmp_path / "heads"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n')
+    (bin_dir / "python3").chmod(0o755)
+    (heads / "qwen05").mkdir(parents=True)
+    (heads / "qwen05" / "config.json").write_text("{}")
+    calls = tmp_path / "calls.txt"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "HEADS": str(heads),
+           "OUT": str(tmp_path / "out"), "PARTS": "1", "ROWS_CHECK": "1", "SWEEP": "0", "PRECISIONS": "stored,kernel"}
+    run = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen05"], env=env, capture_output=True, text=True,
+                         cwd=BENCHMARKS.parent)
+    assert run.returncode == 0, run.stderr
+    lines = calls.read_text().splitlines()
+    assert [line.split()[0] for line in lines] == ["benchmarks/tree_check.py", "benchmarks/rows_kernel.py",
+                                                  "benchmarks/tree_round_parts.py", "benchmarks/lossless_check.py",
+                                                  "benchmarks/tree_round_parts.py", "benchmarks/lossless_check.py"]
+    assert "rows_kernel.json" in lines[1]
+    assert "--rows-kernel" not in lines[2] + lines[3]
+    assert "--rows-kernel" in lines[4] and "parts_kernel.json" in lines[4]
+    assert "--rows-kernel" in lines[5] and "eval_trees_kernel.json" in lines[5]
+    env["PRECISIONS"] = "fp8"
+    bad = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen05"], env=env, capture_output=True, text=True,
+                         cwd=BENCHMARKS.parent)
+    assert bad.returncode == 2 and "unknown precision fp8 (stored, dequantized, kernel)" in bad.stdout
