@@ -445,6 +445,34 @@ def test_pipelined_arm_options_reach_the_loop_and_keep_old_grid_keys(tiny_dirs, 
     assert json.loads(config)["pipe_lookup"] is True and '"compile_draft": true' in stamp
 
 
+def test_a_sweep_runs_the_rows_kernel_beside_the_stored_weights(tmp_path, monkeypatch):
+    """--precisions as-loaded,rows-kernel: the same weights swept twice, the second copy's products
+    routed (the CUDA kernel stood in for by its float32 reference here, and the tiny layers made
+    large enough to route), its trials under MODEL@rows-kernel with their own baseline."""
+    from dspark_lab.engine import rows_kernel
+    from dspark_lab.tiny import build_tiny_model
+
+    widths = []
+
+    def stand_in(x, *args, **kwargs):
+        widths.append(x.size // x.shape[-1])
+        return rows_kernel.reference_rows_matmul(x, *args, **kwargs)
+
+    monkeypatch.setattr(rows_kernel, "quantized_rows_matmul", lambda: stand_in)
+    monkeypatch.setattr(rows_kernel, "MIN_WEIGHT_ROWS", 0)  # route every width MLX serves row by row
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    head = build_tiny_dspark(tmp_path / "head", model, block_size=4)
+    cfg = small_config(model, head, modes=["baseline", "dspark"], caps=["2"], prompt_sets=["code"], prompt_limit=1,
+                       trials=1, max_new_tokens=8, precisions=["as-loaded", "rows-kernel"], dtype="bfloat16")
+    db = tmp_path / "k.duckdb"
+    run_sweep(cfg, db, progress=False)
+    ids = [str(model), f"{model}@rows-kernel"]
+    assert sorted(r[0] for r in rows(db, "select distinct model_id from trials")) == sorted(ids)
+    for model_id in ids:
+        assert rows(db, f"select count(*) from trials where model_id = '{model_id}' and mode = 'baseline'")[0][0] == 1
+    assert widths and set(widths) <= set(rows_kernel.QMV_ROWS)  # the verify's 3 rows, the draft's 2
+
+
 def test_each_precision_runs_as_a_model_of_its_own(tmp_path):
     """precisions: a 4-bit model swept as loaded, at 8 bits and dequantized, each stored on load:
     trials carry MODEL@q8 / MODEL@dequantized, each variant has its own baseline and every arm is
