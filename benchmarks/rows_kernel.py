@@ -38,8 +38,8 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
 from dspark_lab.engine import load_target  # noqa: E402
-from dspark_lab.engine.rows_kernel import (every_width, quantized_rows_matmul, reference_rows_matmul, supports,  # noqa: E402
-                                           worth_routing)
+from dspark_lab.engine.rows_kernel import (QUANTIZED_LAYERS, check_rows, every_width, quantized_rows_matmul,  # noqa: E402
+                                           reference_rows_matmul, supports, worth_routing)
 
 BATCH = 40  # products a timed evaluation holds
 
@@ -48,7 +48,7 @@ def layer_shapes(model: nn.Module) -> dict[str, nn.Module]:
     """One module per distinct (kind, weight shape, bits, group): the products the forward runs."""
     seen: dict[str, nn.Module] = {}
     for name, m in model.named_modules():
-        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        if isinstance(m, QUANTIZED_LAYERS):
             kind = "embedding.as_linear" if isinstance(m, nn.QuantizedEmbedding) else name.rsplit(".", 1)[-1]
             n, words = m.weight.shape
             key = f"{kind} N={n} K={words * 32 // m.bits} {m.bits}b g{m.group_size}"
@@ -108,14 +108,11 @@ def main() -> None:
             if why:
                 entry[rows] = {"skipped": why}
                 continue
+            err, largest, alone_equal = check_rows(kernel, m, x)
             ref = reference_rows_matmul(x, w, s, b, group_size=m.group_size, bits=m.bits)
-            got = kernel(x, w, s, b, group_size=m.group_size, bits=m.bits)
             theirs = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=m.group_size, bits=m.bits)
-            alone = mx.concatenate([kernel(x[i:i + 1], w, s, b, group_size=m.group_size, bits=m.bits) for i in range(rows)])
-            entry[rows] = {
-                "kernel_error": relative(got, ref), "mlx_error": relative(theirs, ref),
-                "rows_alone_equal": bool(mx.array_equal(got, alone).item()),
-            }
+            entry[rows] = {"kernel_error": err / max(largest, 1e-30), "mlx_error": relative(theirs, ref),
+                           "rows_alone_equal": alone_equal}
             if not args.reference:  # (a dry run: the stand-in's time says nothing)
                 entry[rows]["kernel_us"] = per_call_us(lambda: kernel(x, w, s, b, group_size=m.group_size, bits=m.bits), args.repeats)
                 entry[rows]["mlx_us"] = per_call_us(

@@ -104,7 +104,6 @@ def _route_rows(target, rows_kernel: bool | None, *, loop: tuple | None, db: Pat
             verdict = choose_rows_kernel(target, db=engine, loop=loop, model_id=model_id)
         finally:
             engine.dispose()
-        loop[0].drop_traces()
         err.print(f"[dim]--rows-kernel: {verdict.describe()}[/]")
         rows_kernel = verdict.use
     if not rows_kernel:

@@ -59,6 +59,7 @@ def every_width(rows: int, weights: int) -> bool:
 
 
 WARP = 32
+QUANTIZED_LAYERS = (nn.QuantizedLinear, nn.QuantizedEmbedding)  # the layers whose products can be routed
 
 # Helpers the kernel body calls: activation words to floats. A bfloat16 is the top half of a
 # float32, so widening is a shift (exact, no rounding).
@@ -230,6 +231,19 @@ def reference_rows_matmul(x: mx.array, weight: mx.array, scales: mx.array, biase
     return (x.astype(mx.float32) @ w.T).astype(x.dtype)
 
 
+def check_rows(matmul: Callable[..., mx.array], layer: nn.Module, x: mx.array) -> tuple[float, float, bool]:
+    """`matmul`'s product of rows `x` with a quantized `layer`, against reference_rows_matmul's:
+    (the largest difference, the largest reference output, whether each row equals, bit for bit,
+    that row computed alone). What the probe and benchmarks/rows_kernel.py check."""
+    args = (layer.weight, layer.scales, layer.get("biases"))
+    kw = dict(group_size=layer.group_size, bits=layer.bits)
+    got = matmul(x, *args, **kw)
+    ref = reference_rows_matmul(x, *args, **kw).astype(mx.float32)
+    alone = mx.concatenate([matmul(x[i:i + 1], *args, **kw) for i in range(x.shape[0])])
+    return (mx.abs(got.astype(mx.float32) - ref).max().item(), mx.abs(ref).max().item(),
+            bool(mx.array_equal(got, alone).item()))
+
+
 # --- routing a model's quantized layers through it ------------------------------------------------
 
 _ROUTED_CLASSES: dict[type, type] = {}
@@ -266,7 +280,7 @@ def _routed_class(cls: type) -> type:
 
 
 def has_quantized_layers(model: nn.Module) -> bool:
-    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
+    return any(isinstance(m, QUANTIZED_LAYERS) for _, m in model.named_modules())
 
 
 def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array], *,
@@ -278,7 +292,7 @@ def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array], *,
     bound `as_linear` must fetch it again."""
     routed = 0
     for _, module in model.named_modules():
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        if isinstance(module, QUANTIZED_LAYERS):
             module.__class__ = _routed_class(type(module))
             module._dspark_rows, module._dspark_policy = matmul, policy
             routed += 1

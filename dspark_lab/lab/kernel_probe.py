@@ -86,6 +86,33 @@ def _exactness(candidate, ns, sequences: int = 4, length: int = 80, seed: int = 
     return checked, None
 
 
+class _Refused(Exception):
+    """A candidate kept out before it is timed; `verdict` says why."""
+
+    def __init__(self, verdict: KernelVerdict):
+        super().__init__(verdict.reason)
+        self.verdict = verdict
+
+
+def _checked_candidate(name: str, candidate: Callable | None, build: Callable[[], Callable],
+                       check: Callable[[Callable], tuple[int, str | None]]) -> tuple[Callable, int]:
+    """(the candidate, the outputs its check compared): `candidate`, or the kernel `build` makes,
+    after `check(candidate)` -> (compared, first failure or None) passed. Raises _Refused with the
+    verdict when it cannot be built here (not available), fails to run, or is not exact."""
+    if candidate is None:
+        try:
+            candidate = build()
+        except RuntimeError as e:
+            raise _Refused(KernelVerdict(name, False, f"not available: {e}", available=False)) from None
+    try:
+        checked, diff = check(candidate)
+    except Exception as e:  # a kernel that fails to compile or run is simply not used
+        raise _Refused(KernelVerdict(name, False, f"failed to run: {type(e).__name__}: {e}")) from None
+    if diff:
+        raise _Refused(KernelVerdict(name, False, f"not exact: {diff}", checked=checked))
+    return candidate, checked
+
+
 def _median_ms(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -133,20 +160,13 @@ def measure_lookup_kernel(candidate: Callable | None = None, *, ns: tuple[int, .
     """Check and time the n-gram lookup kernel (or `candidate`, a function of the same contract:
     tests hand one in) against DeviceLookup.propose_ops; with `loop=(target, drafter, tokenizer)`
     (a DSpark head on a plain-KV target) also in the pipelined loop, which then decides."""
-    name = "ngram_lookup"
-    if candidate is None:
-        from ..engine.kernels import ngram_lookup_kernel
+    from ..engine.kernels import ngram_lookup_kernel
 
-        try:
-            candidate = ngram_lookup_kernel(ns)
-        except RuntimeError as e:
-            return KernelVerdict(name, False, f"not available: {e}", available=False)
+    name = "ngram_lookup"
     try:
-        checked, diff = _exactness(candidate, ns)
-    except Exception as e:  # a kernel that fails to compile or run is simply not used
-        return KernelVerdict(name, False, f"failed to run: {type(e).__name__}: {e}")
-    if diff:
-        return KernelVerdict(name, False, f"not exact: {diff}", checked=checked)
+        candidate, checked = _checked_candidate(name, candidate, lambda: ngram_lookup_kernel(ns), lambda c: _exactness(c, ns))
+    except _Refused as refused:
+        return refused.verdict
     rng = random.Random(1)
     lookup = DeviceLookup([rng.randrange(64) for _ in range(BUFFER - 24)], ns)
     lookup._ensure(BUFFER)
@@ -225,11 +245,11 @@ def _rows_exactness(target, candidate) -> tuple[int, str | None]:
     alone (what keeps a verify's rows the one-row step's)."""
     import mlx.nn as nn
 
-    from ..engine.rows_kernel import reference_rows_matmul, supports
+    from ..engine.rows_kernel import QUANTIZED_LAYERS, check_rows, supports
 
     shapes: dict[tuple, nn.Module] = {}
     for _, m in target.model.named_modules():
-        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        if isinstance(m, QUANTIZED_LAYERS):
             shapes.setdefault((tuple(m.weight.shape), m.bits, m.group_size), m)
     key = mx.random.key(0)
     compared = 0
@@ -237,17 +257,13 @@ def _rows_exactness(target, candidate) -> tuple[int, str | None]:
         k = shape[1] * 32 // bits
         for rows in ROWS_CHECKED:
             x = mx.random.normal((rows, k), key=key).astype(mx.bfloat16)
-            args = (m.weight, m.scales, m.get("biases"))
-            if supports(x, *args, group_size=group, bits=bits) is not None:
+            if supports(x, m.weight, m.scales, m.get("biases"), group_size=group, bits=bits) is not None:
                 continue
-            got = candidate(x, *args, group_size=group, bits=bits)
-            ref = reference_rows_matmul(x, *args, group_size=group, bits=bits).astype(mx.float32)
-            err = mx.abs(got.astype(mx.float32) - ref).max().item()
-            step = mx.abs(ref).max().item() * 2.0 ** -7
+            err, largest, alone_equal = check_rows(candidate, m, x)
+            step = largest * 2.0 ** -7
             if not err <= step:
                 return compared, f"{rows} rows of a {shape[0]}x{k} layer: off the float32 product by {err:.3g} (one step {step:.3g})"
-            alone = mx.concatenate([candidate(x[i:i + 1], *args, group_size=group, bits=bits) for i in range(rows)])
-            if not mx.array_equal(got, alone).item():
+            if not alone_equal:
                 return compared, f"{rows} rows of a {shape[0]}x{k} layer: a row differs from the same row computed alone"
             compared += 1
     if not compared:
@@ -307,20 +323,13 @@ def measure_rows_kernel(target, candidate: Callable | None = None, *, loop: tupl
     stand-in) on the target's own layer shapes; with `loop=(drafter, tokenizer)` time the pipelined
     loop through it and through MLX's products, which decides. Leaves the target routed as it
     found it: through MLX's products."""
-    name = "quantized_rows"
-    if candidate is None:
-        from ..engine.rows_kernel import quantized_rows_matmul
+    from ..engine.rows_kernel import quantized_rows_matmul
 
-        try:
-            candidate = quantized_rows_matmul()
-        except RuntimeError as e:
-            return KernelVerdict(name, False, f"not available: {e}", available=False)
+    name = "quantized_rows"
     try:
-        checked, diff = _rows_exactness(target, candidate)
-    except Exception as e:  # a kernel that fails to compile or run is simply not used
-        return KernelVerdict(name, False, f"failed to run: {type(e).__name__}: {e}")
-    if diff:
-        return KernelVerdict(name, False, f"not exact: {diff}", checked=checked)
+        candidate, checked = _checked_candidate(name, candidate, quantized_rows_matmul, lambda c: _rows_exactness(target, c))
+    except _Refused as refused:
+        return refused.verdict
     reason = f"within a bfloat16 step of the float32 product and width-independent on {checked} layer products"
     verdict = KernelVerdict(name, False, reason + " (the loop not timed)", exact=True, checked=checked)
     if loop is None:
