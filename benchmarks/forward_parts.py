@@ -15,6 +15,11 @@ warm-up, milliseconds):
   attention (sliced, causal)  the same over the buffer sliced to the filled length with the
                 "causal" mask (what a plain forward with a host offset runs);
   rest          forward minus products minus attention: norms, rope, the cache writes, elementwise.
+  forward (additive mask), attention (additive mask)  the same two with the mask handed over as
+                an additive one in the model's dtype (0 where visible, -inf elsewhere): MLX's
+                CUDA attention turns a boolean mask into that itself on every call (its source),
+                where the compiled forward could build it in one fused kernel. The two forwards'
+                logits are compared (largest difference printed; a mask's form changes no sum).
 Nothing is asserted: the table says which part grows with the rows.
 """
 
@@ -31,6 +36,7 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
 from dspark_lab.engine import load_target  # noqa: E402
+from dspark_lab.engine.compiled import ArrayOffsetKV, OffsetForward  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tree_round_parts import timed  # noqa: E402  (median seconds of a call evaluated alone, after warm-up)
@@ -38,6 +44,32 @@ from tree_round_parts import timed  # noqa: E402  (median seconds of a call eval
 
 def timed_ms(fn, repeats: int) -> float:
     return timed(fn, repeats) * 1e3
+
+
+class AdditiveMaskKV(ArrayOffsetKV):
+    """ArrayOffsetKV whose mask is additive, in the buffer's dtype."""
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        visible = super().make_mask(N, return_array, window_size)
+        dtype = self.keys.dtype
+        return mx.where(visible, mx.array(0, dtype), mx.array(-float("inf"), dtype))
+
+
+def additive_mask_forward(target) -> OffsetForward:
+    """A compiled forward_at whose traced caches hand attention an additive mask."""
+    import dspark_lab.engine.compiled as compiled
+
+    fwd = OffsetForward(target, compile=True)
+    plain = fwd.run
+
+    def run(*args, **kwargs):
+        compiled.ArrayOffsetKV = AdditiveMaskKV  # traced once per shape, so only tracing needs it
+        try:
+            return plain(*args, **kwargs)
+        finally:
+            compiled.ArrayOffsetKV = ArrayOffsetKV
+    fwd.run = run
+    return fwd
 
 
 def main() -> None:
@@ -70,6 +102,7 @@ def main() -> None:
           f"buffer {buffer} positions ({args.prefill} filled), {len(products)} products", flush=True)
     report = {"model": args.model, "prefill": args.prefill, "buffer": buffer, "widths": {}}
     key = mx.random.key(0)
+    additive = additive_mask_forward(target)
     for w in (int(x) for x in args.widths.split(",") if x.strip()):
         feed = ids[:w]
 
@@ -92,6 +125,16 @@ def main() -> None:
         def attention_masked():
             return [mx.fast.scaled_dot_product_attention(q, keys, values, scale=head_dim ** -0.5, mask=mask) for _ in range(layers)]
 
+        add_mask = mx.where(mask, mx.array(0, dtype), mx.array(-float("inf"), dtype))
+
+        def attention_additive():
+            return [mx.fast.scaled_dot_product_attention(q, keys, values, scale=head_dim ** -0.5, mask=add_mask) for _ in range(layers)]
+
+        def forward_additive():
+            for c in cache:
+                c.ensure(bound)
+            return additive.run(feed, cache, offset)[0]
+
         def attention_sliced():
             k, v = keys[:, :, :filled], values[:, :, :filled]
             return [mx.fast.scaled_dot_product_attention(q, k, v, scale=head_dim ** -0.5, mask="causal") for _ in range(layers)]
@@ -100,8 +143,12 @@ def main() -> None:
                  "attention": timed_ms(attention_masked, args.repeats),
                  "attention (sliced, causal)": timed_ms(attention_sliced, args.repeats)}
         parts["rest"] = parts["forward"] - parts["products"] - parts["attention"]
+        parts["forward (additive mask)"] = timed_ms(forward_additive, args.repeats)
+        parts["attention (additive mask)"] = timed_ms(attention_additive, args.repeats)
+        a, b = forward(), forward_additive()
+        parts["largest logit difference (additive mask)"] = mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
         report["widths"][w] = parts
-        print(f"width {w:2d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items()), flush=True)
+        print(f"width {w:2d}: " + ", ".join(f"{k} {v:.3f}" + ("" if k.startswith("largest") else " ms") for k, v in parts.items()), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 

@@ -283,6 +283,8 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     load_script("forward_parts").main()
     widths = json.loads(out.read_text())["widths"]
     assert set(widths) == {"1", "4"} and all(p["forward"] > 0 and p["products"] > 0 for p in widths.values())
+    # The additive mask is the boolean one in another form: the same logits.
+    assert all(p["largest logit difference (additive mask)"] == 0.0 for p in widths.values())
 
 
 def test_the_trees_session_script_runs_the_kernel_precision_and_check(tmp_path):
