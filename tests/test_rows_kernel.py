@@ -285,6 +285,7 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     assert set(widths) == {"1", "4"} and all(p["forward"] > 0 and p["products"] > 0 for p in widths.values())
     # The additive mask is the boolean one in another form: the same logits.
     assert all(p["largest logit difference (additive mask)"] == 0.0 for p in widths.values())
+    assert all(p["largest difference (matmuls)"] < 1e-2 for p in widths.values())  # the same attention, written out
 
 
 def test_the_trees_session_script_runs_the_kernel_precision_and_check(tmp_path):
