@@ -24,6 +24,9 @@ warm-up, milliseconds):
                 values: two matrix products a layer), as a compiled forward could write it if
                 MLX's fused kernel for a few rows over a masked buffer is what costs; its largest
                 difference from MLX's fused result is printed beside it.
+  attention (rows kernel)  engine/attention_kernel.py's kernel: no mask, each row sees the
+                positions up to its own (on a CPU its float32 reference stands in); its largest
+                differences from MLX's fused result and from the float32 reference beside it.
 Nothing is asserted: the table says which part grows with the rows.
 """
 
@@ -40,7 +43,9 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
 from dspark_lab.engine import load_target  # noqa: E402
+from dspark_lab.engine import attention_kernel  # noqa: E402
 from dspark_lab.engine.compiled import ArrayOffsetKV, OffsetForward  # noqa: E402
+from dspark_lab.engine.kernels import cuda_available  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tree_round_parts import timed  # noqa: E402  (median seconds of a call evaluated alone, after warm-up)
@@ -107,6 +112,7 @@ def main() -> None:
     report = {"model": args.model, "prefill": args.prefill, "buffer": buffer, "widths": {}}
     key = mx.random.key(0)
     additive = additive_mask_forward(target)
+    rows_attention = attention_kernel.rows_attention() if cuda_available() else attention_kernel.reference_rows_attention
     for w in (int(x) for x in args.widths.split(",") if x.strip()):
         feed = ids[:w]
 
@@ -146,6 +152,9 @@ def main() -> None:
                 out.append((weights @ values[:, :, None]).reshape(1, heads, w, head_dim))
             return out
 
+        def attention_kernel_rows():
+            return [rows_attention(q, keys, values, offset, head_dim ** -0.5) for _ in range(layers)]
+
         def forward_additive():
             for c in cache:
                 c.ensure(bound)
@@ -164,6 +173,15 @@ def main() -> None:
         parts["attention (matmuls)"] = timed_ms(attention_matmuls, args.repeats)
         fused, plain = attention_masked()[0], attention_matmuls()[0]
         parts["largest difference (matmuls)"] = mx.abs(fused.astype(mx.float32) - plain.astype(mx.float32)).max().item()
+        why_not = attention_kernel.supports(q, keys, values)
+        if why_not is None:
+            parts["attention (rows kernel)"] = timed_ms(attention_kernel_rows, args.repeats)
+            ours = attention_kernel_rows()[0].astype(mx.float32)
+            ref = attention_kernel.reference_rows_attention(q, keys, values, offset, head_dim ** -0.5).astype(mx.float32)
+            parts["largest difference (rows kernel)"] = mx.abs(ours - fused.astype(mx.float32)).max().item()
+            parts["largest difference (rows kernel, float32 reference)"] = mx.abs(ours - ref).max().item()
+        else:
+            print(f"width {w}: no rows kernel ({why_not})", flush=True)
         a, b = forward(), forward_additive()
         parts["largest logit difference (additive mask)"] = mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
         report["widths"][w] = parts

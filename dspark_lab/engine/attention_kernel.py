@@ -1,0 +1,152 @@
+"""Attention for the few rows a speculative round feeds, at a position held in an array (CUDA).
+
+Why: the pipelined loops' compiled forward (engine/compiled.py) attends over the cache's whole
+bucketed buffer and hides what lies at or past each row's position with a boolean mask, since the
+position is a device array. MLX's CUDA attention takes an array mask only through cuDNN (2+ rows,
+after turning the mask into an additive one) or its unfused fallback (1 row); its vector kernel,
+which a plain one-row step runs, takes no array mask. This kernel needs no mask: it reads the
+offset and lets row r see positions 0..offset + r, as the mask would.
+
+How: one thread block per (query head, row). Its warps take every WARPS-th visible position; a
+lane holds D / 32 of the head's dimensions, so a score is one warp-wide shuffle sum. Each warp keeps
+a running maximum, normalizer and value sum in float32 (the usual streaming softmax); the warps'
+partial results are merged in a fixed order and rounded to the activation dtype once. A row's
+result depends on its own position and keys alone, not on how many rows came with it.
+
+Whether it is close enough to MLX's and faster is measured (benchmarks/forward_parts.py), not
+assumed; nothing in the engine routes through it yet.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import mlx.core as mx
+
+from .kernels import cuda_available
+
+MAX_ROWS = 32  # a tree's verify at most; more is a prefill
+WARPS = 8  # warps a block: each takes every 8th visible position
+
+# Template: D (head dim, a multiple of 32), GROUPS (query heads per key/value head), W (rows),
+# WARPS. Inputs: q (H, W, D) bfloat16; k, v (KV, T, D) bfloat16, each row-contiguous; offset (1,)
+# int32, the first row's position; scale (1,) float32. Output: out (H, W, D) bfloat16.
+_SOURCE = """
+    constexpr int PER_LANE = D / 32;
+    const int T = k_shape[1];
+    const int h = blockIdx.x / W;
+    const int r = blockIdx.x % W;
+    const int kv = h / GROUPS;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int visible = min(offset[0] + r + 1, T);
+    const float sc = scale[0];
+    __shared__ float part_m[WARPS];
+    __shared__ float part_l[WARPS];
+    __shared__ float part_acc[WARPS][D];
+
+    float qv[PER_LANE];
+    float acc[PER_LANE];
+    const __nv_bfloat16* qrow = q + ((size_t)h * W + r) * D + lane * PER_LANE;
+    #pragma unroll
+    for (int j = 0; j < PER_LANE; ++j) {
+        qv[j] = __bfloat162float(qrow[j]) * sc;
+        acc[j] = 0.0f;
+    }
+    float m = __int_as_float(0xff800000);  // -inf: no position seen yet
+    float l = 0.0f;
+    const size_t base = (size_t)kv * T * D + lane * PER_LANE;
+    for (int t = warp; t < visible; t += WARPS) {
+        const __nv_bfloat16* kp = k + base + (size_t)t * D;
+        float s = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) s = fmaf(qv[j], __bfloat162float(kp[j]), s);
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        const float m_new = fmaxf(m, s);
+        const float keep = expf(m - m_new);
+        const float p = expf(s - m_new);
+        l = fmaf(l, keep, p);
+        const __nv_bfloat16* vp = v + base + (size_t)t * D;
+        #pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) acc[j] = fmaf(acc[j], keep, p * __bfloat162float(vp[j]));
+        m = m_new;
+    }
+    if (lane == 0) {
+        part_m[warp] = m;
+        part_l[warp] = l;
+    }
+    #pragma unroll
+    for (int j = 0; j < PER_LANE; ++j) part_acc[warp][lane * PER_LANE + j] = acc[j];
+    __syncthreads();
+    if (threadIdx.x < D) {
+        float top = part_m[0];
+        #pragma unroll
+        for (int w = 1; w < WARPS; ++w) top = fmaxf(top, part_m[w]);
+        float norm = 0.0f;
+        float sum = 0.0f;
+        #pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const float f = expf(part_m[w] - top);  // a warp that saw no position: exp(-inf) = 0
+            norm = fmaf(part_l[w], f, norm);
+            sum = fmaf(part_acc[w][threadIdx.x], f, sum);
+        }
+        out[((size_t)h * W + r) * D + threadIdx.x] = __float2bfloat16(sum / norm);
+    }
+"""
+
+_built: dict[str, object] = {}
+
+
+def supports(q: mx.array, k: mx.array, v: mx.array) -> str | None:
+    """None when the kernel computes this attention, else why not. q (1, H, W, D); k, v (1, KV, T, D)."""
+    if q.ndim != 4 or q.shape[0] != 1 or k.shape[0] != 1:
+        return f"query {q.shape}: the kernel takes one sequence, (1, heads, rows, head dim)"
+    heads, rows, d = q.shape[1:]
+    if not 1 <= rows <= MAX_ROWS:
+        return f"{rows} rows: the kernel serves 1..{MAX_ROWS}"
+    if d % 32 or d > 256 or k.shape[-1] != d or v.shape[-1] != d:
+        return f"head dim {d} (values {v.shape[-1]}): the kernel takes equal query/value dims, a multiple of 32 up to 256"
+    if heads % k.shape[1]:
+        return f"{heads} query heads over {k.shape[1]} key/value heads: not a whole number of groups"
+    if not q.dtype == k.dtype == v.dtype == mx.bfloat16:
+        return f"query {q.dtype}, keys {k.dtype}: the kernel reads bfloat16"
+    return None
+
+
+def rows_attention() -> Callable[..., mx.array]:
+    """attention(q, k, v, offset, scale) -> softmax(scale * q k^T, row r seeing positions
+    0..offset + r) v, for what `supports` accepts; `offset` an int32 array (shape () or (1,)).
+    Raises RuntimeError off CUDA."""
+    if not cuda_available():
+        raise RuntimeError("no CUDA backend on this device (the rows attention kernel is written for MLX's CUDA backend)")
+    if "attention" not in _built:
+        _built["attention"] = mx.fast.cuda_kernel(name="dspark_rows_attention",
+                                                  input_names=["q", "k", "v", "offset", "scale"],
+                                                  output_names=["out"], source=_SOURCE)
+    kernel = _built["attention"]
+
+    def attention(q: mx.array, k: mx.array, v: mx.array, offset: mx.array, scale: float) -> mx.array:
+        _, heads, rows, d = q.shape
+        kv, positions = k.shape[1], k.shape[2]
+        (out,) = kernel(inputs=[q.reshape(heads, rows, d), k.reshape(kv, positions, d), v.reshape(kv, positions, d),
+                                offset.reshape(1).astype(mx.int32), mx.array([scale], dtype=mx.float32)],
+                        template=[("D", d), ("GROUPS", heads // kv), ("W", rows), ("WARPS", WARPS)],
+                        grid=(heads * rows * WARPS * 32, 1, 1), threadgroup=(WARPS * 32, 1, 1),
+                        output_shapes=[(heads, rows, d)], output_dtypes=[q.dtype])
+        return out.reshape(1, heads, rows, d)
+
+    return attention
+
+
+def reference_rows_attention(q: mx.array, k: mx.array, v: mx.array, offset: mx.array, scale: float) -> mx.array:
+    """The same attention in float32 MLX operations (the CPU's stand-in for the kernel, and what
+    its results are checked against)."""
+    _, heads, rows, d = q.shape
+    kv, positions = k.shape[1], k.shape[2]
+    qg = (q.astype(mx.float32) * scale).reshape(1, kv, heads // kv, rows, d)
+    scores = qg @ k.astype(mx.float32)[:, :, None].swapaxes(-1, -2)
+    visible = mx.arange(positions)[None] <= offset.reshape(()) + mx.arange(rows)[:, None]
+    scores = mx.where(visible, scores, mx.array(-float("inf"), mx.float32))
+    out = mx.softmax(scores, axis=-1) @ v.astype(mx.float32)[:, :, None]
+    return out.reshape(1, heads, rows, d).astype(q.dtype)
