@@ -156,6 +156,23 @@ def test_routing_back_restores_mlx_products(tiny_dirs):
     assert product.shapes == []
 
 
+def test_the_pipelines_position_check_runs_on_mlx_products_and_leaves_the_routing(tiny_dirs):
+    """check_offset_forward compares a 4-row plain forward with two 2-row offset forwards: routed
+    by width (as worth_routing routes), the two sides would multiply differently (on the H100 a
+    relative difference of 1.2e-2 stopped the pipelined loop). It checks the position handling
+    on MLX's own products and puts the routing back."""
+    target, _ = load_target(tiny_dirs["qwen3"], dtype="bfloat16", quantize=4)
+
+    def off_at_two_rows(x, *args, **kwargs):  # a product unlike MLX's where it is routed
+        return reference_rows_matmul(x, *args, **kwargs) + 0.5
+
+    changed = target.route_quantized_rows(off_at_two_rows, policy=lambda rows, weights: rows == 2)
+    assert target.check_offset_forward() <= 1e-3
+    assert target.rows_routed and target._routing[0] is off_at_two_rows
+    routed = [m for _, m in target.model.named_modules() if hasattr(m, "_dspark_rows")]
+    assert len(routed) == changed and all(m._dspark_rows is off_at_two_rows for m in routed)
+
+
 @pytest.mark.skipif(cuda_available(), reason="off CUDA only")
 def test_the_kernel_says_it_needs_cuda():
     with pytest.raises(RuntimeError, match="no CUDA backend"):

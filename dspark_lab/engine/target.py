@@ -230,6 +230,7 @@ class Target:
         # Keyed by "width <= MAX_WIDTH"; the compiled one also serves Target.compiled, one trace each.
         self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
         self.rows_routed = False  # route_quantized_rows
+        self._routing = None  # (matmul, policy) while routed: check_offset_forward puts it back after its check
 
     @property
     def compiled(self) -> bool:
@@ -272,6 +273,7 @@ class Target:
         from .rows_kernel import route_quantized_rows, unroute_quantized_rows
 
         changed = unroute_quantized_rows(self.model)
+        self._routing = None if matmul is None else (matmul, policy)
         if matmul is not None:
             changed = route_quantized_rows(self.model, matmul, **({} if policy is None else {"policy": policy}))
         self._head = _inner_and_head(self.model)[3]  # a tied projection is a bound as_linear: bind it again
@@ -412,6 +414,16 @@ class Target:
         difference; raises LoadError naming the model_type when it exceeds PROBE_RTOL."""
         if self._offset_checked is not None:
             return self._offset_checked
+        routing = self._routing
+        if routing is not None:
+            # What is checked is the position handling (mask, rotation, cache writes), so both
+            # sides must multiply alike: routed products differ by width (rows_kernel.worth_routing),
+            # so the check runs on MLX's own and the routing is put back after it.
+            self.route_quantized_rows(None)
+            try:
+                return self.check_offset_forward()
+            finally:
+                self.route_quantized_rows(routing[0], policy=routing[1])
         ids = mx.array([(5 * i + 2) % self.vocab_size for i in range(12)], dtype=mx.uint32)
         ref_cache = self.make_cache()
         self.forward(ids[:8], ref_cache)
