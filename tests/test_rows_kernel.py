@@ -95,9 +95,24 @@ def test_routed_layers_use_it_where_the_policy_says_and_go_back():
     q(mx.zeros((MAX_ROWS + 1, 128), dtype=mx.bfloat16))  # a prefill: never
     q(x.astype(mx.float32))  # not bfloat16: never
     assert product.shapes == [(2, 3, 128), (1, 1, 128)]
-    route_quantized_rows(model, product)  # the engine's policy: a layer this small stays with MLX's kernel
+    # The engine's policy takes a layer this small at no width: it gets its own class back (an
+    # uncompiled step then pays no detour through the routed class's Python).
+    assert route_quantized_rows(model, product) == 0 and type(q) is nn.QuantizedLinear and not hasattr(q, "_dspark_rows")
     q(x)
     assert len(product.shapes) == 2
+    asked = []
+
+    def at_three_rows(rows, weights):
+        asked.append(rows)
+        return rows == 3
+
+    assert route_quantized_rows(model, product, policy=at_three_rows) == 2
+    assert "_dspark_decisions" not in q and "_dspark_decisions" not in q.parameters()  # state, not a child module
+    asked.clear()
+    for _ in range(3):
+        q(x[:1, :1]), q(x[:1])
+    assert sorted(asked) == [1, 3]  # the policy asked once per input shape...
+    assert product.shapes[2:] == [(1, 3, 128)] * 3  # ...and its answer kept: 3 rows routed every time, 1 row never
     assert unroute_quantized_rows(model) == 2 and type(q) is nn.QuantizedLinear and not hasattr(q, "_dspark_rows")
 
 

@@ -260,8 +260,16 @@ def _routed_class(cls: type) -> type:
         def product(self, x):
             weight, scales, biases = self["weight"], self["scales"], self.get("biases")
             mode = getattr(self, "mode", "affine")
-            if (self._dspark_policy(math.prod(x.shape[:-1]), weight.size * 32 // self.bits)
-                    and supports(x, weight, scales, biases, group_size=self.group_size, bits=self.bits, mode=mode) is None):
+            rows = math.prod(x.shape[:-1])
+            # Decided once per input shape and dtype: an uncompiled one-row step calls every layer
+            # every token, and deciding afresh each time cost a routed greedy step about 4% (H100).
+            key = (rows, x.shape[-1], x.dtype)
+            route = self._dspark_decisions.by_input.get(key)
+            if route is None:
+                route = (self._dspark_policy(rows, weight.size * 32 // self.bits)
+                         and supports(x, weight, scales, biases, group_size=self.group_size, bits=self.bits, mode=mode) is None)
+                self._dspark_decisions.by_input[key] = route
+            if route:
                 return self._dspark_rows(x, weight, scales, biases, group_size=self.group_size, bits=self.bits)
             return mx.quantized_matmul(x, weight, scales=scales, biases=biases, transpose=True,
                                        group_size=self.group_size, bits=self.bits, mode=mode)
@@ -287,25 +295,41 @@ def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array], *,
                          policy: Callable[[int, int], bool] = worth_routing) -> int:
     """Send every quantized linear layer of `model` (and a quantized embedding, for its tied
     vocabulary projection) through `matmul` where `policy(rows, weights)` says so (and `supports`
-    does), through MLX's kernels elsewhere. Returns how many modules were routed. The modules keep
+    does), through MLX's kernels elsewhere; a module the policy takes at no width keeps its own
+    class. Returns how many modules were routed. The modules keep
     their weights; only their class changes (as the Target's taps do), so a caller holding a
     bound `as_linear` must fetch it again."""
     routed = 0
     for _, module in model.named_modules():
-        if isinstance(module, QUANTIZED_LAYERS):
-            module.__class__ = _routed_class(type(module))
-            module._dspark_rows, module._dspark_policy = matmul, policy
-            routed += 1
+        if not isinstance(module, QUANTIZED_LAYERS):
+            continue
+        weights = module.weight.size * 32 // module.bits
+        if not any(policy(rows, weights) for rows in range(1, MAX_ROWS + 1)):
+            _unroute(module)  # never taken at any width: no detour through the routed class's Python
+            continue
+        module.__class__ = _routed_class(type(module))
+        module._dspark_rows, module._dspark_policy, module._dspark_decisions = matmul, policy, _Decisions()
+        routed += 1
     return routed
+
+
+class _Decisions:
+    """A routed module's route-or-not per input (rows, K, dtype). Not a dict: an nn.Module keeps
+    dict attributes among its children."""
+
+    def __init__(self):
+        self.by_input: dict = {}
+
+
+def _unroute(module: nn.Module) -> bool:
+    original = {routed: cls for cls, routed in _ROUTED_CLASSES.items()}.get(type(module))
+    if original is None:
+        return False
+    module.__class__ = original
+    del module._dspark_rows, module._dspark_policy, module._dspark_decisions
+    return True
 
 
 def unroute_quantized_rows(model: nn.Module) -> int:
     """Undo route_quantized_rows: the modules get their own classes back."""
-    originals = {routed: cls for cls, routed in _ROUTED_CLASSES.items()}
-    undone = 0
-    for _, module in model.named_modules():
-        if type(module) in originals:
-            module.__class__ = originals[type(module)]
-            del module._dspark_rows, module._dspark_policy
-            undone += 1
-    return undone
+    return sum(_unroute(module) for _, module in model.named_modules())
