@@ -12,6 +12,10 @@ Arms, per prompt (every arm gets the same prompt token ids):
   mlxlm_draft@k mlx-lm's draft-model speculative decoding (only with --draft-model)
   ours_draft@k  our draft-model mode on the same small model (only with --draft-model)
   ours_draft_pipe@k  the same through our pipelined loop (draft-pipe; plain-KV models only)
+  ours_draft_pipe_attn@k  draft-pipe with the draft model's one-row steps' attention through
+                engine/attention_kernel.py (only with --attention-kernel; off CUDA its float32
+                reference stands in): MLX's one-row attention over a masked buffer is its unfused
+                fallback, 4.2x slower than the kernel on an H100 (docs/performance.md, 39th round)
 
 Every arm runs once untimed first (kernel compiles; NVRTC on CUDA), then `--repeats` timed
 passes with the arms interleaved so drift hits them alike; the median is reported.
@@ -188,6 +192,8 @@ def parse_args(argv=None):
     ap.add_argument("--peer-caps", help="caps for the peer's arms (default: --caps); the peer is slow, so fewer saves time")
     ap.add_argument("--drafter-bits", type=int, default=4, help="head weight bits, both engines (16 = unquantized)")
     ap.add_argument("--draft-model", help="small model for mlx-lm's own draft-model speculative decoding")
+    ap.add_argument("--attention-kernel", action="store_true",
+                    help="with --draft-model: add ours_draft_pipe_attn@k (the draft model's one-row attention through the kernel)")
     ap.add_argument("--copy-mib", type=int, default=1024, help="array size for the bandwidth measurement")
     ap.add_argument("--no-peer", action="store_true", help="skip the peer arms (recorded as skipped)")
     ap.add_argument("--peer-own-target", action="store_true",
@@ -250,6 +256,13 @@ def run(args) -> dict:
         from dspark_lab import load_target
 
         our_draft = load_target(args.draft_model)[0]
+        if args.attention_kernel:
+            from dspark_lab.engine import attention_kernel
+            from dspark_lab.engine.kernels import cuda_available
+
+            our_draft_attn = load_target(args.draft_model)[0]  # its own copy: the plain draft-pipe arm stays MLX's
+            our_draft_attn.route_attention(attention_kernel.rows_attention() if cuda_available()
+                                           else attention_kernel.reference_rows_attention)
     peer, peer_error = (None, "skipped (--no-peer)") if args.no_peer else load_peer(
         target.model, tok, args.drafter, args.drafter_bits, args.model, args.peer_own_target)
     load_s = time.perf_counter() - t_load
@@ -278,6 +291,9 @@ def run(args) -> dict:
             arms[f"ours_draft@{k}"] = lambda ids, k=k: our_draft_model_arm(target, tok, our_draft, ids, args.max_new_tokens, k, eos)
             arms[f"ours_draft_pipe@{k}"] = lambda ids, k=k: our_draft_model_arm(target, tok, our_draft, ids, args.max_new_tokens, k, eos,
                                                                                 pipeline=True)
+            if args.attention_kernel:
+                arms[f"ours_draft_pipe_attn@{k}"] = lambda ids, k=k: our_draft_model_arm(
+                    target, tok, our_draft_attn, ids, args.max_new_tokens, k, eos, pipeline=True)
 
     encoded = {p: encode_prompt(tok, PROMPTS[p]) for p in names}
     errors = dict(skipped)

@@ -61,3 +61,70 @@ def test_off_cuda_the_kernel_says_so():
         pytest.skip("a CUDA backend is here")
     with pytest.raises(RuntimeError, match="CUDA"):
         attention_kernel.rows_attention()
+
+
+class Counting:
+    """The float32 reference standing in for the kernel, recording the query shapes it took."""
+
+    def __init__(self):
+        self.shapes = []
+
+    def __call__(self, q, *args):
+        self.shapes.append(tuple(q.shape))
+        return attention_kernel.reference_rows_attention(q, *args)
+
+
+@pytest.fixture(scope="module")
+def head_dim_32(tmp_path_factory):
+    """A tiny qwen3 whose heads the kernel takes (head dim 32), loaded in bfloat16."""
+    from dspark_lab.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("hd32") / "qwen3", "qwen3", seed=3, head_dim=32)
+
+
+def test_a_draft_model_routed_through_the_kernel_drafts_its_one_row_steps_there_losslessly(head_dim_32):
+    """draft-pipe: the draft model's one-row steps run at an array offset (Target.forward_at), the
+    default route's width. With its attention routed, the output is still exactly the greedy
+    tokens, the kernel took only one-row attentions, and MLX's own function is back afterwards."""
+    from conftest import PROMPTS
+    from dspark_lab import draft_model_generate, greedy_generate, load_target
+
+    target, tok = load_target(head_dim_32, dtype="bfloat16")
+    drafter, _ = load_target(head_dim_32, dtype="bfloat16")
+    kernel = Counting()
+    drafter.route_attention(kernel)
+    original = mx.fast.scaled_dot_product_attention
+    accepted = 0
+    for prompt in PROMPTS[:4]:
+        ids = tok.encode(prompt)
+        want = greedy_generate(target, tok, ids, max_new_tokens=20).token_ids
+        got = draft_model_generate(target, tok, drafter, ids, max_new_tokens=20, max_draft_tokens=4, pipeline=True)
+        assert got.token_ids == want, prompt
+        accepted += sum(got.accept_lengths) - got.num_rounds
+    assert mx.fast.scaled_dot_product_attention is original
+    assert kernel.shapes and all(s[2] == 1 for s in kernel.shapes)  # traced once per shape: few calls, one row each
+    assert accepted > 20  # the drafter is the target's twin: its routed drafts mostly accepted
+    drafter.route_attention(None)
+    kernel.shapes.clear()
+    draft_model_generate(target, tok, drafter, tok.encode(PROMPTS[0]), max_new_tokens=8, max_draft_tokens=4, pipeline=True)
+    assert kernel.shapes == []
+
+
+def test_a_routed_verify_takes_the_kernel_only_at_the_widths_asked(head_dim_32, tmp_path):
+    """The pipelined chain's verify is cap + 1 rows: a policy for 5 rows routes it (and nothing
+    else), and the tokens stay the greedy ones."""
+    from conftest import PROMPTS
+    from dspark_lab import greedy_generate, load_target, speculative_generate
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.tiny import build_tiny_dspark
+
+    target, tok = load_target(head_dim_32, dtype="bfloat16")
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", head_dim_32, markov_rank=0), target)
+    kernel = Counting()
+    target.route_attention(kernel, policy=lambda rows: rows == 5)
+    for prompt in PROMPTS[:3]:
+        ids = tok.encode(prompt)
+        want = greedy_generate(target, tok, ids, max_new_tokens=16).token_ids
+        got = speculative_generate(target, tok, head, ids, max_new_tokens=16, max_draft_tokens=4, pipeline=True)
+        assert got.token_ids == want, prompt
+    assert kernel.shapes and {s[2] for s in kernel.shapes} == {5}

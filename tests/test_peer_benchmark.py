@@ -41,10 +41,11 @@ def test_draft_model_arm_and_caps_past_the_head(tiny_dirs, tmp_path):
     result = _bench().main([
         "--model", str(target), "--drafter", str(head), "--draft-model", str(target), "--prompts", "chat",
         "--max-new-tokens", "6", "--caps", "1,5", "--repeats", "1", "--drafter-bits", "16", "--copy-mib", "8",
-        "--no-peer",
+        "--no-peer", "--attention-kernel",
     ])
     arms = result["rows"][0]["arms"]
     assert arms["mlxlm_draft@1"]["identical_to_greedy"] and arms["ours@1"]["identical_to_greedy"]
+    assert all(arms[f"ours_draft_pipe_attn@{k}"]["identical_to_greedy"] for k in (1, 5))
     for k in (1, 5):  # our draft-model mode: the target drafting for itself accepts every draft
         assert arms[f"ours_draft@{k}"]["identical_to_greedy"] and arms[f"ours_draft@{k}"]["mean_accept"] > 1
         assert arms[f"ours_draft_pipe@{k}"]["identical_to_greedy"] and arms[f"ours_draft_pipe@{k}"]["mean_accept"] > 1

@@ -35,6 +35,56 @@ from .sampling import SamplingParams, residual_sample, target_probs, tree_sample
 MAX_WIDTH = 16
 
 
+class AttentionRoute:
+    """Attention through `kernel(q, k, v, offset, scale)` (engine/attention_kernel.py) in the
+    array-offset forwards whose width `policy(rows)` takes: the kernel reads the offset, so the
+    mask the forward builds is not needed there. Where the kernel does not take the attention
+    (attention_kernel.supports), MLX's runs as before."""
+
+    def __init__(self, kernel, policy):
+        self.kernel, self.policy = kernel, policy
+
+
+# While a routed forward runs (trace or call): the route and the masks ArrayOffsetKV.make_mask
+# built in it, each with its offset. The model's attention hands the mask to
+# mx.fast.scaled_dot_product_attention unchanged (mlx_lm.models.base), so the mask's identity
+# tells a call of this forward's attention from any other.
+_routing: dict = {}
+
+
+def _routed_attention(original):
+    from .attention_kernel import supports
+
+    def attention(q, k, v, *, scale, mask=None, sinks=None, **kwargs):
+        for m, offset in _routing.get("masks", ()):
+            if mask is m and sinks is None and not kwargs and supports(q, k, v) is None:
+                return _routing["route"].kernel(q, k, v, offset, scale)
+        return original(q, k, v, scale=scale, mask=mask, sinks=sinks, **kwargs)
+
+    return attention
+
+
+class _AttentionRouted:
+    """Within: mx.fast.scaled_dot_product_attention takes this forward's masked attentions
+    through `route` (when its policy takes `rows`)."""
+
+    def __init__(self, route: AttentionRoute | None, rows: int):
+        self.on = route is not None and route.policy(rows)
+        self.route = route
+
+    def __enter__(self):
+        if self.on:
+            self.original = mx.fast.scaled_dot_product_attention
+            _routing.update(route=self.route, masks=[])
+            mx.fast.scaled_dot_product_attention = _routed_attention(self.original)
+        return self
+
+    def __exit__(self, *exc):
+        if self.on:
+            mx.fast.scaled_dot_product_attention = self.original
+            _routing.clear()
+
+
 class ArrayOffsetKV:
     """A BucketedKVCache as the compiled forward sees it: whole buffers and an array offset."""
 
@@ -53,6 +103,8 @@ class ArrayOffsetKV:
         visible = k <= q
         if window_size is not None:
             visible = visible & (k > q - window_size)
+        elif "masks" in _routing:
+            _routing["masks"].append((visible, self.offset))  # a plain causal mask: the kernel's
         return visible
 
 
@@ -100,7 +152,8 @@ class OffsetForward:
                 rec = t._recorder
                 rec.wanted, rec.outputs = frozenset(taps), {}
                 try:
-                    hidden = t._inner(ids[None], cache=traced)
+                    with _AttentionRouted(t.attention_route, ids.shape[0]):
+                        hidden = t._inner(ids[None], cache=traced)
                 finally:
                     outs, rec.outputs, rec.wanted = rec.outputs, {}, frozenset()
                 rows = hidden[0, -1:] if last_only else hidden[0]

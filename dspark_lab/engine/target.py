@@ -230,6 +230,7 @@ class Target:
         # Keyed by "width <= MAX_WIDTH"; the compiled one also serves Target.compiled, one trace each.
         self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
         self.rows_routed = False  # route_quantized_rows
+        self.attention_route = None  # route_attention: compiled.AttentionRoute or None
         self._routing = None  # (matmul, policy) while routed: check_offset_forward puts it back after its check
 
     @property
@@ -280,6 +281,18 @@ class Target:
         self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
         self.rows_routed = matmul is not None and changed > 0
         return changed
+
+    def route_attention(self, kernel, *, policy=None) -> None:
+        """Send the array-offset forwards' attention (forward_at: the pipelined loops' verify, a
+        draft model's steps in draft-pipe) through `kernel(q, k, v, offset, scale)` at the widths
+        `policy(rows)` takes (default: one row, where MLX's attention over a masked buffer is its
+        unfused fallback: 4.2x slower than engine/attention_kernel.py's on an H100, docs/performance.md,
+        thirty-ninth round); `None` puts MLX's back. Compiled traces are dropped (they would keep the
+        old attention)."""
+        from .compiled import AttentionRoute
+
+        self.attention_route = None if kernel is None else AttentionRoute(kernel, policy or (lambda rows: rows == 1))
+        self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
 
     # --- cache -------------------------------------------------------------------------------
     def make_cache(self) -> list:
