@@ -262,7 +262,8 @@ def _routed_class(cls: type) -> type:
             mode = getattr(self, "mode", "affine")
             rows = math.prod(x.shape[:-1])
             # Decided once per input shape and dtype: an uncompiled one-row step calls every layer
-            # every token, and deciding afresh each time cost a routed greedy step about 4% (H100).
+            # every token (a routed greedy step ran 0.96x the unrouted one on an H100 when every
+            # layer asked its policy and checked its input on every call).
             key = (rows, x.shape[-1], x.dtype)
             route = self._dspark_decisions.by_input.get(key)
             if route is None:
