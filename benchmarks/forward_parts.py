@@ -15,6 +15,11 @@ warm-up, milliseconds):
   attention (sliced, causal)  the same over the buffer sliced to the filled length with the
                 "causal" mask (what a plain forward with a host offset runs);
   rest          forward minus products minus attention: norms, rope, the cache writes, elementwise.
+  norms, rope, cache writes, elementwise  the rest's parts, each alone, as many as the forward
+                has: the layer's own norm module twice a layer and once more at the end; its rope
+                module on the queries and keys at the array offset; ArrayOffsetKV's writes of the
+                rows' keys and values into the whole buffers; a SwiGLU product and two residual adds
+                a layer (plain MLX operations; a model without these modules skips that part).
   forward (additive mask), attention (additive mask)  the same two with the mask handed over as
                 an additive one in the model's dtype (0 where visible, -inf elsewhere): MLX's
                 CUDA attention turns a boolean mask into that itself on every call (its source),
@@ -79,6 +84,33 @@ def additive_mask_forward(target) -> OffsetForward:
             compiled.ArrayOffsetKV = ArrayOffsetKV
     fwd.run = run
     return fwd
+
+
+def rest_parts(target, w: int, offset: mx.array, cache: list, key, dtype, repeats: int = 30) -> dict[str, float]:
+    """The forward's work besides products and attention, each kind timed alone (milliseconds)."""
+    cfg, layers = target.config, target.num_layers
+    heads, head_dim = cfg["num_attention_heads"], target.head_dim
+    kv_heads = cfg.get("num_key_value_heads", heads)
+    first = target.layers[0]
+    attn = getattr(first, "self_attn", None)
+    norm, rope = getattr(first, "input_layernorm", None), getattr(attn, "rope", None)
+    hidden = mx.random.normal((1, w, cfg["hidden_size"]), key=key).astype(dtype)
+    out = {}
+    if norm is not None:
+        out["norms"] = timed_ms(lambda: [norm(hidden) for _ in range(2 * layers + 1)], repeats)
+    if rope is not None:
+        q = mx.random.normal((1, heads, w, head_dim), key=key).astype(dtype)
+        k = mx.random.normal((1, kv_heads, w, head_dim), key=key).astype(dtype)
+        out["rope"] = timed_ms(lambda: [r for _ in range(layers) for r in (rope(q, offset=offset), rope(k, offset=offset))], repeats)
+        keys, values = cache[0].keys, cache[0].values
+        out["cache writes"] = timed_ms(lambda: [a for _ in range(layers)
+                                                for a in ArrayOffsetKV(keys, values, offset).update_and_fetch(k, k)], repeats)
+    inter = cfg.get("intermediate_size")
+    if inter:
+        gate = mx.random.normal((1, w, inter), key=key).astype(dtype)
+        out["elementwise"] = timed_ms(lambda: [r for _ in range(layers)
+                                               for r in (nn.silu(gate) * gate, hidden + hidden, hidden + hidden)], repeats)
+    return out
 
 
 def main() -> None:
@@ -170,6 +202,7 @@ def main() -> None:
                  "attention": timed_ms(attention_masked, args.repeats),
                  "attention (sliced, causal)": timed_ms(attention_sliced, args.repeats)}
         parts["rest"] = parts["forward"] - parts["products"] - parts["attention"]
+        parts.update(rest_parts(target, w, offset, cache, key, dtype, args.repeats))
         parts["forward (additive mask)"] = timed_ms(forward_additive, args.repeats)
         parts["attention (additive mask)"] = timed_ms(attention_additive, args.repeats)
         parts["attention (matmuls)"] = timed_ms(attention_matmuls, args.repeats)

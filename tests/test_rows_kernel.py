@@ -315,6 +315,7 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     load_script("forward_parts").main()
     widths = json.loads(out.read_text())["widths"]
     assert set(widths) == {"1", "4"} and all(p["forward"] > 0 and p["products"] > 0 for p in widths.values())
+    assert all(p[part] > 0 for p in widths.values() for part in ("norms", "rope", "cache writes", "elementwise"))
     # The additive mask is the boolean one in another form: the same logits.
     assert all(p["largest logit difference (additive mask)"] == 0.0 for p in widths.values())
     assert all(p["largest difference (matmuls)"] < 1e-2 for p in widths.values())  # the same attention, written out
