@@ -128,3 +128,21 @@ def test_a_routed_verify_takes_the_kernel_only_at_the_widths_asked(head_dim_32, 
         got = speculative_generate(target, tok, head, ids, max_new_tokens=16, max_draft_tokens=4, pipeline=True)
         assert got.token_ids == want, prompt
     assert kernel.shapes and {s[2] for s in kernel.shapes} == {5}
+
+
+def test_the_cli_routes_a_draft_models_attention_only_in_draft_pipe_and_on_cuda(tiny_dirs):
+    """`generate --attention-kernel`: another mode is refused with the mode it applies to; off
+    CUDA draft-pipe says the kernel needs CUDA and how to go on."""
+    from typer.testing import CliRunner
+
+    from dspark_lab.cli import app
+
+    if attention_kernel.cuda_available():
+        pytest.skip("a CUDA backend is here")
+    args = ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "hi", "-n", "4", "--no-chat-template", "--attention-kernel"]
+    wrong_mode = CliRunner().invoke(app, args)
+    assert wrong_mode.exit_code != 0 and "applies to --mode draft-pipe" in wrong_mode.output
+    no_cuda = CliRunner().invoke(app, args + ["--mode", "draft-pipe", "--draft-model", str(tiny_dirs["qwen3"])])
+    assert no_cuda.exit_code != 0 and "CUDA" in no_cuda.output and "Leave --attention-kernel off" in no_cuda.output
+    plain = CliRunner().invoke(app, args[:-1] + ["--mode", "draft-pipe", "--draft-model", str(tiny_dirs["qwen3"])])
+    assert plain.exit_code == 0, plain.output
