@@ -223,6 +223,7 @@ def generate(
             lookup_drafts = measured.get("lookup_drafts") if lookup_drafts is None else lookup_drafts
             compile_draft = measured.get("compile_draft") if compile_draft is None else compile_draft
             tree_nodes = measured.get("tree_nodes") if tree_nodes is None else tree_nodes
+            rows_kernel = measured.get("rows_kernel") if rows_kernel is None else rows_kernel
             if measured:
                 err.print(f"[dim]auto: measured with {', '.join(f'{k}={v}' for k, v in measured.items())}[/]")
         except DsparkError as e:

@@ -427,3 +427,29 @@ def test_an_arm_pooling_two_versions_of_a_head_is_refused(tmp_path):
     (refused,) = [r for r in reg["refused"] if r["mode"] == "dspark"]
     assert "2 versions of the drafter" in refused["reason"] and "aaaaaaaaaaaaaaaa, bbbbbbbbbbbbbbbb" in refused["reason"]
     assert "--run" in refused["reason"]
+
+
+def test_on_cuda_a_rows_kernel_entry_competes_and_says_to_route(tmp_path, monkeypatch):
+    """A sweep's MODEL@rows-kernel entry (the stored weights, products through the rows kernel)
+    is the model's own on CUDA only: there the faster of the two is taken and its evidence asks
+    for the routing (the CLI's --mode auto then routes); elsewhere it is never chosen."""
+    from dspark_lab.engine import speculative
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tinytarget-q4-bfloat16", "qwen3", quantize_bits=4)
+    head = build_tiny_dspark(tmp_path / "head", model, block_size=4)
+
+    def entry(target, speedup):
+        return {"target": target, "model_id": "tinytarget-q4-bfloat16", "mode": "dspark-pipe", "drafter": str(head), "cap": 3,
+                "speedup": speedup, "trials": 24, "backend": "cuda", "machine": "m", "options": {"compile_draft": True}}
+
+    path = tmp_path / "registry.json"
+    path.write_text(json.dumps({"pairs": [entry("tinytarget", 1.5), entry("tinytarget@rows-kernel", 1.7)]}))
+    assert speculative._registry_entry(str(model), path, None)["target"] == "tinytarget"  # not CUDA here
+    monkeypatch.setattr(speculative, "_backend", lambda: "cuda")
+    assert speculative._registry_entry(str(model), path, None)["target"] == "tinytarget@rows-kernel"
+    _, _, _, cfg = speculative.load_pair(str(model), registry=path)
+    assert cfg.evidence["speedup"] == 1.7 and cfg.evidence["options"] == {"compile_draft": True, "rows_kernel": True}
+    path.write_text(json.dumps({"pairs": [entry("tinytarget", 1.8), entry("tinytarget@rows-kernel", 1.7)]}))
+    _, _, _, cfg = speculative.load_pair(str(model), registry=path)
+    assert cfg.evidence["speedup"] == 1.8 and "rows_kernel" not in cfg.evidence["options"]

@@ -17,6 +17,7 @@ from ..errors import InputError, LoadError, MeasuredVersionWarning
 from .drafters.lookup import LookupConfig, NgramIndex
 from .generate import Draft, DraftSource, GenResult, _setup, cap_schedule, speculative_loop
 from .loading import load_target, quantization_entry, read_model_config, weights_digest
+from .names import ROWS_KERNEL
 from .target import Target
 from .text import TextStream
 
@@ -261,6 +262,10 @@ def load_pair(
         evidence = {k: entry.get(k) for k in ("speedup", "ci", "mean_accept_len", "trials", "machine", "device", "run_ids", "date", "cap",
                                               "drafter_digest")}
         evidence["options"] = dict(entry.get("options") or {})
+        if str(entry.get("target", "")).endswith(f"@{ROWS_KERNEL}"):
+            # Measured with the target's products routed through the rows kernel: to run at that
+            # speed the caller routes it (the CLI does; Target.route_quantized_rows).
+            evidence["options"]["rows_kernel"] = True
         _check_measured_version(entry, drafter, str(model))
     return _load_head_pair(model, drafter, mode, drafter_bits=drafter_bits, drafter_window=drafter_window,
                            max_draft_tokens=max_draft_tokens, trust_remote_code=trust_remote_code, kv_bits=kv_bits, dtype=dtype,
@@ -358,14 +363,19 @@ def _stored_precision(model: str) -> str | None:
 def _registry_entry(model: str, registry, machine: str | None) -> dict | None:
     """The registry entry for this model (quant-agnostic), best matching this machine. Where the
     registry also measured the precision this model is stored at (a sweep's MODEL@q8 entry, say),
-    that entry: its speedup was measured against greedy decoding at that precision."""
-    from .names import target_key
+    that entry: its speedup was measured against greedy decoding at that precision. On CUDA a
+    MODEL@rows-kernel entry (the stored weights, products through the rows kernel) competes too."""
+    from .names import DEQUANTIZED, target_key
 
     key, label = target_key(model), _stored_precision(model)
     keyed = [(target_key(str(e.get("target", ""))), e) for e in read_registry(registry)]
     entries = [e for k, e in keyed if k == key]
     if label is not None:
         entries = [e for k, e in keyed if k == f"{key}@{label}"] or entries
+    if _backend() == "cuda" and label != DEQUANTIZED:
+        # The same stored weights with their products through the rows kernel (CUDA only): a
+        # sweep's MODEL@rows-kernel entry competes with the model's own on its measured speedup.
+        entries += [e for k, e in keyed if k == f"{key}@{ROWS_KERNEL}"]
     if not entries:
         return None
 
