@@ -370,11 +370,12 @@ def _registry_entry(model: str, registry, machine: str | None) -> dict | None:
     key, label = target_key(model), _stored_precision(model)
     keyed = [(target_key(str(e.get("target", ""))), e) for e in read_registry(registry)]
     entries = [e for k, e in keyed if k == key]
-    if label is not None:
-        entries = [e for k, e in keyed if k == f"{key}@{label}"] or entries
-    if _backend() == "cuda" and label != DEQUANTIZED:
-        # The same stored weights with their products through the rows kernel (CUDA only): a
-        # sweep's MODEL@rows-kernel entry competes with the model's own on its measured speedup.
+    labelled = [e for k, e in keyed if label is not None and k == f"{key}@{label}"]
+    if labelled:
+        entries = labelled
+    elif _backend() == "cuda" and label != DEQUANTIZED:
+        # Beside the model's own entry, the same stored weights with their products through the
+        # rows kernel (CUDA only; a sweep's MODEL@rows-kernel): the faster measured one wins.
         entries += [e for k, e in keyed if k == f"{key}@{ROWS_KERNEL}"]
     if not entries:
         return None
