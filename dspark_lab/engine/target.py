@@ -227,8 +227,7 @@ class Target:
         self.trims_only = True  # set by make_cache
         self._compiled = False  # Target.compiled
         # forward_at: compiled for decode widths (measured faster in the pipelined loop), plain beyond.
-        # Keyed by "width <= MAX_WIDTH"; the compiled one also serves Target.compiled, one trace each.
-        self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
+        self._drop_offset_traces()
         self.rows_routed = False  # route_quantized_rows
         self.attention_route = None  # route_attention: compiled.AttentionRoute or None
         self._routing = None  # (matmul, policy) while routed: check_offset_forward puts it back after its check
@@ -263,6 +262,12 @@ class Target:
             raise ValueError(f"launch_every must be >= 0, got {n}")
         self._recorder.launch_every = int(n)
 
+    def _drop_offset_traces(self) -> None:
+        """Fresh forward_at paths, no traces kept: keyed by "width <= MAX_WIDTH"; the compiled one
+        also serves Target.compiled, one trace each. Routing a product or attention drops the old
+        ones (a trace keeps what it traced)."""
+        self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
+
     def route_quantized_rows(self, matmul, *, policy=None) -> int:
         """Send the model's quantized layers (and a tied vocabulary projection) through `matmul`
         where `policy(rows, weights)` says so (default rows_kernel.worth_routing: the widths where
@@ -278,7 +283,7 @@ class Target:
         if matmul is not None:
             changed = route_quantized_rows(self.model, matmul, **({} if policy is None else {"policy": policy}))
         self._head = _inner_and_head(self.model)[3]  # a tied projection is a bound as_linear: bind it again
-        self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
+        self._drop_offset_traces()
         self.rows_routed = matmul is not None and changed > 0
         return changed
 
@@ -292,7 +297,7 @@ class Target:
         from .compiled import AttentionRoute
 
         self.attention_route = None if kernel is None else AttentionRoute(kernel, policy or (lambda rows: rows == 1))
-        self._at_offset = {True: OffsetForward(self, compile=True), False: OffsetForward(self, compile=False)}
+        self._drop_offset_traces()
 
     # --- cache -------------------------------------------------------------------------------
     def make_cache(self) -> list:
