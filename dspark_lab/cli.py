@@ -82,6 +82,7 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (modes draft and draft-pipe), directory or repo id.")]
 LaunchEveryOpt = Annotated[str, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off; auto: probe once for this model on this machine, store the verdict in --db and reuse it); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
 PrecisionsOpt = Annotated[str, typer.Option(help="Comma-separated: as-loaded, dequantized, or weight bits (4, 8, ...): each model runs at each, stored that way on load (no second download); rows-kernel: as stored, its products at the widths where MLX re-reads the weights per row through dspark-lab's CUDA kernel (engine/rows_kernel.py). The trials of a precision other than as-loaded carry the model id MODEL@q8, MODEL@dequantized or MODEL@rows-kernel, with their own baseline and speedups.")]
+InterleaveOpt = Annotated[bool, typer.Option("--interleave-precisions/--one-precision-at-a-time", help="With several --precisions, hold them all in memory and run each prompt at every precision before the next, so a machine's drift lands on them alike (default); or load and run one precision after another, one copy of the model in memory at a time.")]
 RowsKernelOpt = Annotated[Optional[bool], typer.Option("--rows-kernel/--no-rows-kernel", help="Run a quantized target's products where MLX's own kernel reads the weights again for every row (2-7 rows of a large matrix, e.g. a DSpark draft's vocabulary projection) through dspark-lab's CUDA kernel, which reads them once (engine/rows_kernel.py). Default: in the DSpark modes on CUDA, as a one-time probe on this machine found it for this pair (within a bfloat16 step of the float32 product, lossless in the pipelined loop, and faster; stored in --db); elsewhere off.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
@@ -472,6 +473,7 @@ def sweep(
     compile_draft: Annotated[bool, typer.Option(help="dspark-pipe and dspark-tree-pipe arms draft through one compiled trace per round (dspark-pipe: greedy only).")] = False,
     tree_nodes: Annotated[int, typer.Option(help="dspark-tree and dspark-tree-pipe arms: the drafts in a round's tree.")] = 16,
     precisions: PrecisionsOpt = "as-loaded",
+    interleave_precisions: InterleaveOpt = True,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -488,7 +490,7 @@ def sweep(
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
                           launch_every=launch_every, pipe_lookup=pipe_lookup, compile_draft=compile_draft, tree_nodes=tree_nodes,
-                          precisions=_csv(precisions))
+                          precisions=_csv(precisions), interleave_precisions=interleave_precisions)
     rid = run_sweep(cfg, db, resume=run_id or resume, progress=True, on_event=_sweep_events(verbose))
     out.print(f"run {rid} stored in {db}")
     if json_out is not None:
@@ -576,6 +578,7 @@ def benchmark(
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too); float32 is fastest on CPU.")] = None,
     launch_every: LaunchEveryOpt = "0",
     precisions: PrecisionsOpt = "as-loaded",
+    interleave_precisions: InterleaveOpt = True,
     mlx_lm: Annotated[bool, typer.Option("--mlx-lm/--no-mlx-lm", help="Also time mlx-lm's own decoder on the same model and prompts: its row's speedup is mlx-lm over our greedy.")] = True,
     tree_nodes: Annotated[int, typer.Option(help="Also measure the DSpark head drafting trees of this many drafts (modes dspark-tree and dspark-tree-pipe, at the fixed caps; 0: not).")] = 0,
 ):
@@ -598,7 +601,7 @@ def benchmark(
         modes += ["dspark-tree", "dspark-tree-pipe"]  # beside dspark and dspark-pipe: the plain loop and the pipelined one
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
-                      launch_every=launch_every, precisions=_csv(precisions), **({"tree_nodes": tree_nodes} if tree_nodes else {}))
+                      launch_every=launch_every, precisions=_csv(precisions), interleave_precisions=interleave_precisions, **({"tree_nodes": tree_nodes} if tree_nodes else {}))
     rid = run_sweep(cfg, db, progress=True, on_event=_sweep_events(verbose=False))
     engine = open_db(db)
     try:

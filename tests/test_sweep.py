@@ -401,6 +401,7 @@ def test_launch_every_changes_no_output_and_keeps_old_grid_keys(tiny_dirs, head,
 
     legacy = asdict(plain)
     del legacy["draft_models"], legacy["launch_every"], legacy["pipe_lookup"], legacy["compile_draft"], legacy["tree_nodes"], legacy["precisions"]
+    del legacy["interleave_precisions"]
     assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
     outs = []
     for cfg, name in ((plain, "a"), (early, "b")):
@@ -433,7 +434,7 @@ def test_pipelined_arm_options_reach_the_loop_and_keep_old_grid_keys(tiny_dirs, 
     import hashlib
 
     legacy = asdict(plain)
-    for name in ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "tree_nodes", "precisions"):
+    for name in ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "tree_nodes", "precisions", "interleave_precisions"):
         del legacy[name]
     assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
     db = tmp_path / "p.duckdb"
@@ -505,6 +506,41 @@ def test_each_precision_runs_as_a_model_of_its_own(tmp_path):
     assert not any(isinstance(m, nn.QuantizedLinear) for _, m in dq.model.named_modules())
     assert run_sweep(cfg, db, resume=rid, progress=False) == rid  # every cell of every variant found stored
     assert rows(db, "select count(*) from trials")[0][0] == 9
+
+
+def test_precisions_run_prompt_by_prompt_in_turn_unless_asked_one_at_a_time(tmp_path):
+    """Several precisions are held at once and each (prompt, repeat) cell runs at every precision
+    before the next cell, a repeat rotating which goes first: a machine that drifts between the
+    start and the end of a sweep (an H100 in the fortieth round) then lands on every precision
+    alike. --one-precision-at-a-time runs one precision's cells, then the next's."""
+    from dspark_lab.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    head = build_tiny_dspark(tmp_path / "head", model, block_size=4)
+    order = {}
+    for interleave in (True, False):
+        cfg = small_config(model, head, modes=["baseline", "dspark"], caps=["2"], prompt_sets=["code"], prompt_limit=2,
+                           trials=2, max_new_tokens=6, precisions=["as-loaded", "8"], interleave_precisions=interleave)
+        db = tmp_path / f"i{interleave}.duckdb"
+        run_sweep(cfg, db, progress=False)
+        order[interleave] = [(r[0].endswith("@q8"), r[1], r[2]) for r in
+                             rows(db, "select model_id, prompt_id, trial_index from trials order by created_at")]
+        assert len(order[interleave]) == 16
+        for q8 in (False, True):  # every variant still has a baseline and lossless arms per cell
+            cells = [c for c in order[interleave] if c[0] == q8]
+            assert len(cells) == 8
+    cells = order[True]
+    # Each cell's four trials (2 variants x baseline and dspark) come together, prompt by prompt...
+    assert [c[1:] for c in cells[::4]] == [("code-001", 0), ("code-001", 1), ("code-002", 0), ("code-002", 1)]
+    assert all(len({c[1:] for c in cells[k:k + 4]}) == 1 and {c[0] for c in cells[k:k + 4]} == {False, True} for k in range(0, 16, 4))
+    # ...and the second repeat starts with the other precision.
+    assert [cells[k][0] for k in range(0, 16, 4)] == [False, True, False, True]
+    one = order[False]
+    assert [c[0] for c in one] == [False] * 8 + [True] * 8
+    with pytest.raises(InputError, match="precision"):
+        small_config(model, head, precisions=["fp8"], interleave_precisions=False)
+    assert small_config(model, head, precisions=["as-loaded", "8"]).key() != small_config(
+        model, head, precisions=["as-loaded", "8"], interleave_precisions=False).key()
 
 
 def test_benchmark_cli_gives_a_row_per_precision(tmp_path):

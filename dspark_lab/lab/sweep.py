@@ -1,10 +1,11 @@
 """Sweeps: a grid of models x drafters x modes x caps x prompt sets x trials, every trial stored,
 device-stamped, in a DuckDB file as soon as it finishes.
 
-For each model the sweep loads the target once, warms every arm up, then walks the prompts;
-for each prompt it runs the baseline first and each arm right after it, so clock drift and
-thermal state hit baseline and arms alike; each later repeat rotates that order by one place, so
-no arm is always the first of its cell. Each speculative output is compared with
+For each model the sweep loads the target once (once per precision, all held at once), warms
+every arm up, then walks the prompts; for each prompt it runs the baseline first and each arm
+right after it, at each precision in turn, so clock drift and thermal state hit baselines,
+arms and precisions alike; each later repeat rotates those orders by one place, so no arm or
+precision is always the first of its cell. Each speculative output is compared with
 the baseline's for the same prompt (greedy): `lossless` is stored with every trial, and a
 mismatch is reported loudly and kept, never dropped.
 
@@ -80,6 +81,9 @@ class SweepConfig:
     compile_draft: bool = False  # dspark-pipe arms draft through one compiled trace per round
     tree_nodes: int = 16  # dspark-tree arms: drafts in a round's tree
     precisions: list[str] = field(default_factory=lambda: [AS_LOADED])  # each model at each (AS_LOADED above)
+    # Several precisions: held at once and run prompt by prompt in turn (_sweep_model); False: one
+    # after another, one copy of the model in memory at a time.
+    interleave_precisions: bool = True
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -121,6 +125,8 @@ class SweepConfig:
             del fields["tree_nodes"]  # a grid without tree arms keeps the key it had before them
         if fields["precisions"] == [AS_LOADED]:
             del fields["precisions"]
+        if fields["interleave_precisions"]:
+            del fields["interleave_precisions"]  # the default keeps the keys of grids from before it
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -346,8 +352,7 @@ def run_sweep(
     status = "interrupted"
     try:
         for model in cfg.models:
-            for precision in cfg.precisions:
-                _sweep_model(cfg, model_variant(model, precision), sets, engine, run_id, done, progress, say, digests)
+            _sweep_model(cfg, model, sets, engine, run_id, done, progress, say, digests)
         status = "finished"
     except Exception:
         status = "failed"
@@ -391,9 +396,33 @@ def check_same_drafters(session: Session, run_id: str, digests: dict[str, str | 
                 "Put the measured version back to resume, or start a new run (without --resume) to measure this one.")
 
 
-def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, digests):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+def _sweep_model(cfg, model, sets, engine, run_id, done, progress, say, digests):
+    """One model of the grid at each of its precisions. With several and cfg.interleave_precisions
+    (the default), every precision is loaded at once and each prompt runs at every precision
+    before the next prompt: run one precision after another, a machine that drifts (an H100's
+    greedy decoding moved 40% within a minute, fortieth round) lands on one precision's trials
+    and not the other's. Otherwise one precision after another, holding one copy of the model."""
+    ids = [model_variant(model, p) for p in cfg.precisions]
+    for group in ([ids] if cfg.interleave_precisions else [[i] for i in ids]):
+        variants = [_prepare_variant(cfg, model_id, engine, run_id, digests, say) for model_id in group]
+        _run_cells(cfg, variants, sets, engine, run_id, done, progress, say)
+        del variants  # before the next group loads: one precision's weights at a time
 
+
+@dataclass
+class _Variant:
+    """A model at one precision, ready to run its arms: target, tokenizer, loaded drafters, arms,
+    and generate(arm, prompt_input, max_new) -> (result, caps chosen)."""
+
+    model_id: str
+    target: object
+    tok: object
+    drafters: dict
+    arms: list
+    generate: Callable
+
+
+def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
     from ..engine import draft_model_generate, greedy_generate, load_target, lookup_generate, mlx_lm_generate, speculative_generate
     from ..engine.drafters.load import load_dflash, load_dspark
     from ..engine.speculative import check_pipeline_target, check_same_tokenizer
@@ -465,10 +494,6 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
     arms = plan_arms(cfg, model_id, list(drafters))
     for arm in arms:
         arm.drafter_digest = digests.get(arm.drafter_id)
-    cells = [(p, prompt, i) for p in sets for prompt in p.prompts for i in range(cfg.trials)]
-    todo = [(arm, c) for c in cells for arm in arms if (f"{arm.key}|{c[0].name}|{c[1].id}", c[2]) not in done]
-    if not todo:
-        return
     curves_for = {}  # arm key -> calibrated cost curves, for cap "auto"
 
     def generate(arm: Arm, prompt_input, max_new):
@@ -508,56 +533,80 @@ def _sweep_model(cfg, model_id, sets, engine, run_id, done, progress, say, diges
             return {"pipeline": False}
         return {"pipeline": True, "lookup_drafts": cfg.pipe_lookup, "compile_draft": cfg.compile_draft}
 
+    return _Variant(model_id, target, tok, drafters, arms, generate)
+
+
+def _run_cells(cfg, variants: list[_Variant], sets, engine, run_id, done, progress, say) -> None:
+    """Every prompt x repeat cell, each variant's arms in turn, each trial stored as it finishes."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    cells = [(p, prompt, i) for p in sets for prompt in p.prompts for i in range(cfg.trials)]
+
+    def waiting(v: _Variant, pset, prompt, i) -> list[Arm]:
+        return [a for a in v.arms if (f"{a.key}|{pset.name}|{prompt.id}", i) not in done]
+
+    todo = sum(len(waiting(v, *c)) for c in cells for v in variants)
+    if not todo:
+        return
     if cfg.warmup:  # every arm once on a short generation: compiles kernels, fills caches
         first = sets[0].prompts[0].as_input()
-        for arm in arms:
-            generate(arm, first, min(16, cfg.max_new_tokens))
+        for v in variants:
+            if any(waiting(v, *c) for c in cells):
+                for arm in v.arms:
+                    v.generate(arm, first, min(16, cfg.max_new_tokens))
 
-    baseline_ids: dict[tuple[str, str], list[int]] = {}
+    baseline_ids: dict[tuple[str, str, str], list[int]] = {}
+    name = variants[0].model_id.split("/")[-1] + (f" at {len(variants)} precisions" if len(variants) > 1 else "")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), disable=not progress, transient=False) as bar:
-        task = bar.add_task(f"sweep {model_id.split('/')[-1]}", total=len(todo))
+        task = bar.add_task(f"sweep {name}", total=todo)
         for pset, prompt, i in cells:
-            cell_arms = [a for a in arms if (f"{a.key}|{pset.name}|{prompt.id}", i) not in done]
-            if not cell_arms:
-                continue
-            ref_key = (pset.name, prompt.id)
-            # Trial 0 runs the baseline first: its tokens are the reference every arm is checked
-            # against. Later trials rotate the order by one place each, so whatever the first arm
-            # of a cell pays (a new prompt's allocations, the device settling after the last arm)
-            # does not land on the baseline every time and bias every speedup.
-            if i and len(cell_arms) > 1:
-                cell_arms = cell_arms[i % len(cell_arms):] + cell_arms[:i % len(cell_arms)]
-            for n, arm in enumerate(cell_arms):
-                if n and cfg.cooldown:
-                    time.sleep(cfg.cooldown)
-                r, caps_chosen = generate(arm, prompt.as_input(), cfg.max_new_tokens)
-                lossless = mismatch = gap = tie = None
-                if arm.mode == "baseline":
-                    baseline_ids[ref_key] = r.token_ids
-                else:
-                    ref = baseline_ids.get(ref_key)
-                    if ref is None:  # resumed after the baseline was stored: compare with the stored one
-                        ref = stored_baseline(engine, run_id, model_id, pset.name, prompt.id)
-                    if ref is not None:
-                        mismatch = _first_mismatch(ref, r.token_ids)
-                        lossless = mismatch is None
-                        if not lossless:
-                            rows = sweep_tree_rows(arm.mode, cfg.tree_nodes, arm.cap, drafters[(arm.mode, arm.drafter_id)].config.max_drafts,
-                                                   cfg.pipe_lookup) if arm.mode in TREE_MODES else 0
-                            gap, tie, why = _classify_mismatch(target, tok, prompt, ref, r.token_ids, arm.cap, rows)
-                            msg = (f"{MISMATCH_WORDS[1] if tie else MISMATCH_WORDS[0]}: {arm.key} on {pset.name}/{prompt.id} "
-                                   f"differs from baseline at token {mismatch}: {why}")
-                            bar.console.print(f"[bold {'yellow' if tie else 'red'}]{msg}[/]")
-                            say(msg)
-                row = _trial_row(run_id, arm, i, pset, prompt, cfg, r, caps_chosen, lossless, mismatch, gap, tie)
-                cell = (row.arm_key, i)
-                with Session(engine) as s:  # one commit per trial: a kill loses at most the one in flight
-                    s.add(row)
-                    s.commit()
-                done.add(cell)
-                bar.advance(task)
-                say(f"stored trial {len(done)}: {arm.key} {pset.name}/{prompt.id} #{i}")
+            # Later repeats rotate the precisions' order too, so none is always run first.
+            order = variants[i % len(variants):] + variants[:i % len(variants)]
+            ran = 0
+            for v in order:
+                cell_arms = waiting(v, pset, prompt, i)
+                if not cell_arms:
+                    continue
+                target, tok, drafters = v.target, v.tok, v.drafters
+                ref_key = (v.model_id, pset.name, prompt.id)
+                # Trial 0 runs the baseline first: its tokens are the reference every arm is checked
+                # against. Later trials rotate the order by one place each, so whatever the first arm
+                # of a cell pays (a new prompt's allocations, the device settling after the last arm)
+                # does not land on the baseline every time and bias every speedup.
+                if i and len(cell_arms) > 1:
+                    cell_arms = cell_arms[i % len(cell_arms):] + cell_arms[:i % len(cell_arms)]
+                for arm in cell_arms:
+                    if ran and cfg.cooldown:
+                        time.sleep(cfg.cooldown)
+                    ran += 1
+                    r, caps_chosen = v.generate(arm, prompt.as_input(), cfg.max_new_tokens)
+                    lossless = mismatch = gap = tie = None
+                    if arm.mode == "baseline":
+                        baseline_ids[ref_key] = r.token_ids
+                    else:
+                        ref = baseline_ids.get(ref_key)
+                        if ref is None:  # resumed after the baseline was stored: compare with the stored one
+                            ref = stored_baseline(engine, run_id, v.model_id, pset.name, prompt.id)
+                        if ref is not None:
+                            mismatch = _first_mismatch(ref, r.token_ids)
+                            lossless = mismatch is None
+                            if not lossless:
+                                rows = sweep_tree_rows(arm.mode, cfg.tree_nodes, arm.cap, drafters[(arm.mode, arm.drafter_id)].config.max_drafts,
+                                                       cfg.pipe_lookup) if arm.mode in TREE_MODES else 0
+                                gap, tie, why = _classify_mismatch(target, tok, prompt, ref, r.token_ids, arm.cap, rows)
+                                msg = (f"{MISMATCH_WORDS[1] if tie else MISMATCH_WORDS[0]}: {arm.key} on {pset.name}/{prompt.id} "
+                                       f"differs from baseline at token {mismatch}: {why}")
+                                bar.console.print(f"[bold {'yellow' if tie else 'red'}]{msg}[/]")
+                                say(msg)
+                    row = _trial_row(run_id, arm, i, pset, prompt, cfg, r, caps_chosen, lossless, mismatch, gap, tie)
+                    cell = (row.arm_key, i)
+                    with Session(engine) as s:  # one commit per trial: a kill loses at most the one in flight
+                        s.add(row)
+                        s.commit()
+                    done.add(cell)
+                    bar.advance(task)
+                    say(f"stored trial {len(done)}: {arm.key} {pset.name}/{prompt.id} #{i}")
 
 
 def _measure_bandwidth() -> float:
