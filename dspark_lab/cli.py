@@ -87,11 +87,29 @@ RowsKernelOpt = Annotated[Optional[bool], typer.Option("--rows-kernel/--no-rows-
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
-AttentionKernelOpt = Annotated[bool, typer.Option("--attention-kernel/--no-attention-kernel", help="In draft-pipe mode, run the draft model's one-row steps' attention (at a position held on the device, over a masked buffer) through dspark-lab's CUDA kernel (engine/attention_kernel.py): 4.2x faster than MLX's there on an H100, its effect on decoding not yet measured. CUDA only; off by default.")]
+AttentionKernelOpt = Annotated[Optional[bool], typer.Option("--attention-kernel/--no-attention-kernel", help="In draft-pipe mode, run the draft model's one-row steps' attention (at a position held on the device, over a masked buffer) through dspark-lab's CUDA kernel (engine/attention_kernel.py): 4.2x faster than MLX's there on an H100, draft-pipe 1.2-1.5x faster (fortieth round). It changes only the drafts, never the tokens. Default: in draft-pipe on CUDA, as a one-time probe on this machine found it for this pair (exact against its float32 reference, and draft-pipe faster; stored in --db); elsewhere off.")]
 
 
-def _route_attention(draft_model, attention_kernel: bool, mode: "Mode") -> None:
-    """--attention-kernel: the draft model's one-row array-offset forwards through the kernel."""
+def _route_attention(draft_model, attention_kernel: bool | None, mode: "Mode", *, target=None, tokenizer=None,
+                     db: Path | None = None, model_id: str = "") -> None:
+    """--attention-kernel: the draft model's one-row array-offset forwards through the kernel when
+    asked, or (not given) in draft-pipe on CUDA when the stored or a fresh probe on this machine
+    says so for this pair (it times draft-pipe both ways)."""
+    from .engine.kernels import cuda_available
+
+    if attention_kernel is None:
+        if mode is not Mode.draft_pipe or not cuda_available() or db is None:
+            return
+        from .db import open_db
+        from .lab.kernel_probe import choose_attention_kernel
+
+        engine = open_db(db)
+        try:
+            verdict = choose_attention_kernel(draft_model, db=engine, loop=(target, tokenizer), model_id=model_id)
+        finally:
+            engine.dispose()
+        err.print(f"[dim]--attention-kernel: {verdict.describe()}[/]")
+        attention_kernel = verdict.use
     if not attention_kernel:
         return
     if mode is not Mode.draft_pipe:
@@ -166,7 +184,7 @@ def generate(
     dtype: Annotated[Optional[str], typer.Option(help="Cast the float weights (a quantized model's scales too): float32 (on CPU 10x faster than bfloat16 for a 4-bit model), float16, bfloat16.")] = None,
     launch_every: LaunchEveryOpt = "0",
     rows_kernel: RowsKernelOpt = None,
-    attention_kernel: AttentionKernelOpt = False,
+    attention_kernel: AttentionKernelOpt = None,
     trust_remote_code: TrustOpt = False,
 ):
     """Generate text from a prompt, streaming committed text, then print accept length and speed."""
@@ -249,7 +267,8 @@ def generate(
     # First, before any probe or calibration below times the target: they should time what runs.
     _route_rows(target, rows_kernel, loop=(head, tokenizer) if mode in (Mode.dspark, Mode.dspark_pipe, *TREE_MODES) else None,
                 db=db, model_id=f"{model}|{drafter}|{drafter_bits}")
-    _route_attention(head if mode in draft_modes else None, attention_kernel, mode)
+    _route_attention(head if mode in draft_modes else None, attention_kernel, mode, target=target, tokenizer=tokenizer,
+                     db=db, model_id=f"{model}|{draft_model}")
     if launch_every == "auto":
         from .db import open_db
         from .lab.launch_probe import choose_launch_every

@@ -146,3 +146,63 @@ def test_the_cli_routes_a_draft_models_attention_only_in_draft_pipe_and_on_cuda(
     assert no_cuda.exit_code != 0 and "CUDA" in no_cuda.output and "Leave --attention-kernel off" in no_cuda.output
     plain = CliRunner().invoke(app, args[:-1] + ["--mode", "draft-pipe", "--draft-model", str(tiny_dirs["qwen3"])])
     assert plain.exit_code == 0, plain.output
+
+
+def test_the_probe_checks_the_kernel_then_lets_draft_pipes_time_decide(head_dim_32, tmp_path, monkeypatch):
+    """lab/kernel_probe.py: the stand-in passes the exactness check at the draft model's head
+    layout, draft-pipe is timed both ways with the same tokens, the verdict says which was faster,
+    the draft model is left unrouted, and a stored verdict is reused; a candidate off by more
+    than a bfloat16 step, or a machine without CUDA, is refused before anything is timed."""
+    from dspark_lab import load_target
+    from dspark_lab.db import open_db
+    from dspark_lab.lab import kernel_probe
+
+    target, tok = load_target(head_dim_32, dtype="bfloat16")
+    drafter, _ = load_target(head_dim_32, dtype="bfloat16")
+    stand_in = Counting()
+    v = kernel_probe.measure_attention_kernel(drafter, stand_in, loop=(target, tok), loop_tokens=12, loop_passes=1)
+    assert v.available and v.exact and v.checked == len(kernel_probe.ATTENTION_OFFSETS), v.reason
+    assert v.loop_reference_ms > 0 and v.loop_kernel_ms > 0
+    assert v.use == (v.loop_kernel_ms <= (1 - kernel_probe.MARGIN) * v.loop_reference_ms)
+    assert "draft-pipe" in v.reason and drafter.attention_route is None
+    assert any(s[2] == 1 for s in stand_in.shapes[len(kernel_probe.ATTENTION_OFFSETS):])  # it drafted through it
+
+    def off_by_a_tenth(q, k, v, offset, scale):
+        return attention_kernel.reference_rows_attention(q, k, v, offset, scale) * 1.1
+
+    wrong = kernel_probe.measure_attention_kernel(drafter, off_by_a_tenth, loop=(target, tok))
+    assert not wrong.use and not wrong.exact and "not exact" in wrong.reason and wrong.loop_reference_ms is None
+    if not attention_kernel.cuda_available():
+        none = kernel_probe.measure_attention_kernel(drafter)
+        assert not none.available and "not available" in none.reason
+    db = open_db(tmp_path / "probe.duckdb")
+    calls = []
+    monkeypatch.setattr(kernel_probe, "measure_attention_kernel", lambda *a, **k: calls.append(1) or v)
+    first = kernel_probe.choose_attention_kernel(drafter, db=db, candidate=stand_in, loop=(target, tok), model_id="pair")
+    again = kernel_probe.choose_attention_kernel(drafter, db=db, candidate=stand_in, loop=(target, tok), model_id="pair")
+    assert calls == [1] and not first.reused and again.reused and again.use == v.use
+    db.dispose()
+
+
+def test_the_cli_probes_the_attention_kernel_by_default_in_draft_pipe_on_cuda(tiny_dirs, head_dim_32, tmp_path, monkeypatch):
+    """`generate --mode draft-pipe` without --attention-kernel: off CUDA nothing is probed or
+    routed; on CUDA (the kernel stood in for) the probe runs once, says its verdict, and a second
+    run reads it from --db."""
+    from typer.testing import CliRunner
+
+    import dspark_lab.engine.attention_kernel as ak
+    import dspark_lab.engine.kernels as kernels
+    from dspark_lab.cli import app
+
+    args = ["generate", "-m", str(head_dim_32), "--draft-model", str(head_dim_32), "--mode", "draft-pipe", "-p", "hi",
+            "-n", "6", "--no-chat-template", "--dtype", "bfloat16", "--db", str(tmp_path / "r.duckdb")]
+    if not attention_kernel.cuda_available():
+        plain = CliRunner().invoke(app, args)
+        assert plain.exit_code == 0 and "--attention-kernel" not in plain.output, plain.output
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(ak, "rows_attention", lambda: attention_kernel.reference_rows_attention)
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "--attention-kernel: rows_attention kernel" in first.output and "measured" in first.output
+    second = CliRunner().invoke(app, args)
+    assert second.exit_code == 0 and "stored" in second.output, second.output

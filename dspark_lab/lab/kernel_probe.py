@@ -356,3 +356,116 @@ def choose_rows_kernel(target, *, db=None, reprobe: bool = False, candidate: Cal
     options = {"rows": list(ROWS_CHECKED), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
                "stage": "loop" if loop is not None else "check"}
     return _stored_or_measured("rows_kernel", options, model_id, db, reprobe, lambda: measure_rows_kernel(target, candidate, loop=loop))
+
+
+# --- the one-row attention kernel (engine/attention_kernel.py) ------------------------------------
+
+ATTENTION_OFFSETS = (0, 37, 300)  # positions before the row: the first, a short context, a long one
+
+
+def _attention_exactness(model, candidate) -> tuple[int, str | None]:
+    """(attentions compared, the first failure or None): at the model's head layout, one row at
+    each of ATTENTION_OFFSETS over a buffer with garbage past the row (what the mask must hide),
+    the candidate within one bfloat16 step (at the largest output's magnitude) of the float32
+    reference."""
+    from ..engine.attention_kernel import reference_rows_attention, supports
+
+    cfg = model.config
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    d, scale = model.head_dim, model.head_dim ** -0.5
+    key = mx.random.key(0)
+    compared = 0
+    for offset in ATTENTION_OFFSETS:
+        buffer = offset + 64
+        q = mx.random.normal((1, heads, 1, d), key=key).astype(mx.bfloat16)
+        k = mx.random.normal((1, kv, buffer, d), key=mx.random.key(1)).astype(mx.bfloat16)
+        v = mx.random.normal((1, kv, buffer, d), key=mx.random.key(2)).astype(mx.bfloat16)
+        k[:, :, offset + 1:] = 100.0  # past the row: seen, it would take every weight
+        why = supports(q, k, v)
+        if why is not None:
+            return compared, f"the draft model's attention is not one the kernel takes ({why})"
+        at = mx.array(offset, dtype=mx.int32)
+        got = candidate(q, k, v, at, scale).astype(mx.float32)
+        ref = reference_rows_attention(q, k, v, at, scale).astype(mx.float32)
+        err, largest = mx.abs(got - ref).max().item(), mx.abs(ref).max().item()
+        step = max(largest, 1e-3) * 2.0 ** -7
+        if not err <= step:
+            return compared, f"one row after {offset} positions: off the float32 reference by {err:.3g} (one step {step:.3g})"
+        compared += 1
+    return compared, None
+
+
+def _draft_pipe_ms(target, draft_model, tokenizer, candidate, *, tokens: int, passes: int) -> tuple[float, float, str | None]:
+    """(MLX ms a token, routed ms a token, a failure or None): draft-pipe on a built-in code
+    prompt with the draft model's one-row attention through MLX's and through the candidate,
+    alternately, a warm-up run after each switch (routing drops the compiled traces). The two
+    must give the same tokens (both are the target's greedy tokens; only the drafts may differ)."""
+    from ..engine.speculative import draft_model_generate
+    from ..engine.text import encode_prompt
+    from .prompts import load_prompt_set
+
+    ids = encode_prompt(tokenizer, load_prompt_set("code", limit=1).prompts[0].as_input())
+
+    def run():
+        return draft_model_generate(target, tokenizer, draft_model, ids, max_new_tokens=tokens, pipeline=True)
+
+    times, outputs = {"mlx": [], "kernel": []}, {}
+    try:
+        for _ in range(passes):
+            for name in times:
+                draft_model.route_attention(candidate if name == "kernel" else None)
+                run()  # warm-up: traces and kernels are built on first use
+                r = run()
+                outputs[name] = r.token_ids
+                times[name].append(1000 / max(r.decode_tokens_per_sec, 1e-9))
+    finally:
+        draft_model.route_attention(None)
+    if outputs["kernel"] != outputs["mlx"]:
+        got, want = outputs["kernel"], outputs["mlx"]
+        at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(want), len(got)))
+        return 0.0, 0.0, f"routed, draft-pipe's tokens differ from its tokens through MLX's attention (first at token {at})"
+    return statistics.median(times["mlx"]), statistics.median(times["kernel"]), None
+
+
+def measure_attention_kernel(draft_model, candidate: Callable | None = None, *, loop: tuple | None = None,
+                             loop_tokens: int = 96, loop_passes: int = 2) -> KernelVerdict:
+    """Check the one-row attention kernel (or `candidate`, a function of its contract: tests hand
+    in the float32 reference) at the draft model's head layout; with `loop=(target, tokenizer)`
+    time draft-pipe through it and through MLX's attention, which decides. The draft model's
+    attention changes only what it drafts, never the tokens decoded (the target verifies them), so
+    exactness here is the kernel's own correctness. Leaves the draft model unrouted."""
+    from ..engine.attention_kernel import rows_attention
+
+    name = "rows_attention"
+    try:
+        candidate, checked = _checked_candidate(name, candidate, rows_attention, lambda c: _attention_exactness(draft_model, c))
+    except _Refused as refused:
+        return refused.verdict
+    reason = f"within a bfloat16 step of the float32 reference on {checked} one-row attentions"
+    verdict = KernelVerdict(name, False, reason + " (the loop not timed)", exact=True, checked=checked)
+    if loop is None:
+        return verdict
+    target, tokenizer = loop
+    try:
+        ref_ms, ker_ms, diff = _draft_pipe_ms(target, draft_model, tokenizer, candidate, tokens=loop_tokens, passes=loop_passes)
+    except Exception as e:
+        verdict.reason = f"{reason}; failed in the loop: {type(e).__name__}: {e}"
+        return verdict
+    if diff:
+        verdict.exact, verdict.reason = False, f"{reason}; {diff}"
+        return verdict
+    verdict.loop_reference_ms, verdict.loop_kernel_ms = round(ref_ms, 4), round(ker_ms, 4)
+    verdict.use = ker_ms <= (1 - MARGIN) * ref_ms
+    verdict.reason = f"{reason}, draft-pipe " + (f"{ref_ms / ker_ms:.2f}x faster" if verdict.use else "not faster")
+    return verdict
+
+
+def choose_attention_kernel(draft_model, *, db=None, reprobe: bool = False, candidate: Callable | None = None,
+                            loop: tuple | None = None, model_id: str = "") -> KernelVerdict:
+    """The stored verdict for the one-row attention kernel on this machine and this pair
+    (`model_id` names it), else a fresh probe (measure_attention_kernel), stored when `db` is given."""
+    options = {"offsets": list(ATTENTION_OFFSETS), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
+               "stage": "loop" if loop is not None else "check"}
+    return _stored_or_measured("attention_kernel", options, model_id, db, reprobe,
+                               lambda: measure_attention_kernel(draft_model, candidate, loop=loop))
