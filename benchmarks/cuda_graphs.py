@@ -40,20 +40,40 @@ NODE_KINDS = ("KERNEL", "MEMCPY", "MEMSET", "HOST", "GRAPH", "EMPTY", "WAIT_EVEN
               "MEM_ALLOC", "MEM_FREE", "CONDITIONAL", "BATCH_MEM_OP", "EXT_SEMAS_SIGNAL", "EXT_SEMAS_WAIT")
 
 
+def kernel_name(mangled: str) -> str:
+    """A kernel's function name from its mangled symbol (_ZN3mlx4core2cu10qmv_kernelI... ->
+    qmv_kernel); a fused kernel MLX compiled at run time keeps its generated name, shortened."""
+    m = re.match(r"_ZN((?:\d+[A-Za-z_]\w*?)+?)(?=I|E|$)", mangled)
+    if not m:
+        return mangled[:48]
+    parts, rest = [], m.group(1)
+    while rest:
+        n = re.match(r"(\d+)", rest)
+        if not n:
+            break
+        k = int(n.group(1))
+        parts.append(rest[len(n.group(1)):len(n.group(1)) + k])
+        rest = rest[len(n.group(1)) + k:]
+    name = parts[-1] if parts else mangled[:48]
+    return name if len(name) <= 48 else name[:40] + "..."
+
+
 def summarize_dot(text: str) -> dict:
-    """Nodes by kind and kernels by name in one cudaGraphDebugDotPrint file."""
+    """Nodes by kind and kernels by name in one cudaGraphDebugDotPrint file: a kernel node is
+    drawn as an octagon labelled with its index and mangled symbol; a child graph as a
+    rectangle naming the graph (its own nodes are printed as a cluster of the same file)."""
     kinds, kernels = Counter(), Counter()
-    for label in re.findall(r'label="(.*?)"\s*\]', text, flags=re.S):
-        words = re.findall(r"[A-Z_]{4,}", label)
-        kind = next((w for w in words if w in NODE_KINDS), None)
-        if kind is None:
-            continue
-        kinds[kind] += 1
-        if kind == "KERNEL":
-            # The kernel's function: the longest identifier path before a template or argument list.
-            names = re.findall(r"([A-Za-z_][\w:]*)\s*[<(]", label)
-            name = max(names, key=len) if names else "?"
-            kernels[name.split("::")[-1]] += 1
+    for shape, label in re.findall(r'shape="(\w+)"\s+label="(.*?)"\s*\]', text, flags=re.S):
+        lines = [ln.strip() for ln in label.split("\n") if ln.strip()]
+        body = lines[1] if len(lines) > 1 else ""
+        if shape == "octagon":
+            kinds["KERNEL"] += 1
+            kernels[kernel_name(body)] += 1
+        elif body.startswith("graph_"):
+            kinds["GRAPH"] += 1
+        else:
+            kind = next((w for w in re.findall(r"[A-Z_]{4,}", label) if w in NODE_KINDS), shape)
+            kinds[kind] += 1
     return {"nodes": dict(kinds), "kernels": dict(kernels)}
 
 
@@ -150,13 +170,13 @@ def main() -> None:
             else:
                 print(f"width {w:2d} {name:30s} {r['ms']:7.3f} ms", flush=True)
     if dot_dir is not None and on_cuda:
-        # Kernel names of the widest compiled forward against the narrowest: which kinds appear or multiply.
-        lo, hi = report["widths"][widths[0]]["forward_at"], report["widths"][widths[-1]]["forward_at"]
-        names = sorted(set(lo.get("kernels", {})) | set(hi.get("kernels", {})))
-        print(f"kernels of forward_at, width {widths[0]} -> {widths[-1]}:")
-        for n in names:
-            a, b = lo.get("kernels", {}).get(n, 0), hi.get("kernels", {}).get(n, 0)
-            print(f"  {a:4d} -> {b:4d}  {n}")
+        # Each arm's kernels by name across the widths: which kinds appear or multiply with the rows.
+        for arm in ("forward_at", "forward"):
+            counts = {w: report["widths"][w][arm].get("kernels", {}) for w in widths}
+            names = sorted({n for c in counts.values() for n in c}, key=lambda n: -max(c.get(n, 0) for c in counts.values()))
+            print(f"{arm}: kernels by name at widths " + " ".join(f"{w:>5d}" for w in widths))
+            for n in names:
+                print("  " + " ".join(f"{counts[w].get(n, 0):5d}" for w in widths) + f"  {n}")
     elif dot_dir is not None:
         print("no graphs recorded: MLX launches CUDA graphs on CUDA only")
     if args.json:
