@@ -2,7 +2,7 @@
 matmul, side by side in one process (CUDA only).
 
     python benchmarks/rows_kernel.py --model DIR [--head DIR] [--rows 1,2,4,7,8,9,16,17,32] [--widths 1,2,8,16,17,33]
-        [--repeats 30] [--prompts 4] [--tree-pipe 16] [--every-width] [--json F]
+        [--repeats 30] [--prompts 4] [--tree-pipe 16] [--policies worth_routing,with_verifies] [--every-width] [--json F]
 
 1. Exactness, for each distinct quantized layer shape of the model and each row count: the kernel
    and mx.quantized_matmul against a float32 reference (weights dequantized in float32, a float32
@@ -12,9 +12,9 @@ matmul, side by side in one process (CUDA only).
 2. Each layer shape's product timed: 40 independent calls in one evaluation, the median over
    --repeats such batches, per call (launch included), the kernel beside MLX's.
 3. The whole forward (the compiled forward_at the pipelined loops run) at each width after a
-   prefill: the model loaded twice, one copy routed through the kernel (where the engine's policy,
-   rows_kernel.worth_routing, routes; --every-width: every product the kernel takes), timed
-   interleaved (widths above compiled.MAX_WIDTH run op by op, as the loops run them).
+   prefill: the model loaded once more per routed copy, each routed through the kernel where its
+   policy routes (--policies: rows_kernel.worth_routing, the engine's, by default; with_verifies;
+   every_width; --every-width alone: every product the kernel takes), timed interleaved (widths above compiled.MAX_WIDTH run op by op, as the loops run them).
 4. With --head: decoding, each copy with its own instance of the head, arm after arm on each
    prompt (the first --prompts built-in prompts of code, math, chat; 128 tokens, after a warm-up):
    greedy, the pipelined chain (compiled draft) and the pipelined trees of --tree-pipe nodes, at --cap,
@@ -39,7 +39,7 @@ import mlx.nn as nn  # noqa: E402
 
 from dspark_lab.engine import load_target  # noqa: E402
 from dspark_lab.engine.rows_kernel import (QUANTIZED_LAYERS, check_rows, every_width, quantized_rows_matmul,  # noqa: E402
-                                           reference_rows_matmul, supports, worth_routing)
+                                           reference_rows_matmul, supports, with_verifies, worth_routing)
 
 BATCH = 40  # products a timed evaluation holds
 
@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--cap", type=int, default=7)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default=None, help="cast the float weights and a quantized model's scales (bfloat16: what the kernel reads)")
+    ap.add_argument("--policies", default="worth_routing",
+                    help="routed copies, one per policy: worth_routing (the engine's), with_verifies, every_width")
     ap.add_argument("--every-width", action="store_true",
                     help="the routed copy sends every product the kernel takes through it (default: the engine's policy, worth_routing)")
     ap.add_argument("--reference", action="store_true",
@@ -92,9 +94,15 @@ def main() -> None:
     rows_list = [int(r) for r in args.rows.split(",") if r.strip()]
     kernel = reference_rows_matmul if args.reference else quantized_rows_matmul()
     plain, tok = load_target(args.model, dtype=args.dtype)
-    routed, _ = load_target(args.model, dtype=args.dtype)
-    policy = every_width if args.every_width else worth_routing
-    print(f"{routed.route_quantized_rows(kernel, policy=policy)} layers routed through the kernel ({policy.__name__})", flush=True)
+    named = {"worth_routing": worth_routing, "with_verifies": with_verifies, "every_width": every_width}
+    policies = [every_width] if args.every_width else [named[p.strip()] for p in args.policies.split(",") if p.strip()]
+    # One routed copy per policy: "kernel" alone, else named by its policy (an arm is "pipe-<copy>").
+    copies = {}
+    for policy in policies:
+        routed, _ = load_target(args.model, dtype=args.dtype)
+        name = "kernel" if len(policies) == 1 else policy.__name__.replace("_", "")
+        copies[name] = routed
+        print(f"{name}: {routed.route_quantized_rows(kernel, policy=policy)} layers routed through the kernel ({policy.__name__})", flush=True)
     report: dict = {"model": args.model, "device": str(mx.default_device()), "layers": {}, "forward": {}}
 
     mx.random.seed(0)
@@ -126,7 +134,7 @@ def main() -> None:
     ids = mx.array(tok.encode("def quicksort(items):\n    \"\"\"Sort a list.\"\"\"\n" * 4), dtype=mx.uint32)
     bound = ids.shape[0] + 64
     caches = {}
-    for name, t in (("mlx", plain), ("kernel", routed)):
+    for name, t in (("mlx", plain), *copies.items()):
         cache = t.make_cache()
         t.forward(ids, cache, last_only=True)
         for c in cache:
@@ -136,8 +144,8 @@ def main() -> None:
     for width in (int(w) for w in args.widths.split(",") if w.strip()):
         feed = ids[:width]
         fns = {name: (lambda t=t, c=caches[name]: t.forward_at(feed, c, offset, capacity=bound).logits)
-               for name, t in (("mlx", plain), ("kernel", routed))}
-        same = bool(mx.array_equal(mx.argmax(fns["mlx"](), axis=-1), mx.argmax(fns["kernel"](), axis=-1)).item())
+               for name, t in (("mlx", plain), *copies.items())}
+        same = all(bool(mx.array_equal(mx.argmax(fns["mlx"](), axis=-1), mx.argmax(fns[n](), axis=-1)).item()) for n in copies)
         for fn in fns.values():
             for _ in range(3):
                 mx.eval(fn())
@@ -148,11 +156,11 @@ def main() -> None:
                 mx.eval(fn())
                 times[name].append(time.perf_counter() - t0)
         med = {name: statistics.median(v) * 1e3 for name, v in times.items()}
-        report["forward"][width] = {"mlx_ms": med["mlx"], "kernel_ms": med["kernel"], "argmax_equal": same}
-        print(f"forward of {width:2d} rows: kernel {med['kernel']:.3f} ms, mlx {med['mlx']:.3f} ms "
-              f"({med['mlx'] / med['kernel']:.2f}x); argmax equal {same}", flush=True)
+        report["forward"][width] = {"mlx_ms": med["mlx"], **{f"{n}_ms": med[n] for n in copies}, "argmax_equal": same}
+        print(f"forward of {width:2d} rows: mlx {med['mlx']:.3f} ms, " + ", ".join(
+            f"{n} {med[n]:.3f} ms ({med['mlx'] / med[n]:.2f}x)" for n in copies) + f"; argmax equal {same}", flush=True)
     if args.head:
-        report["decode"] = decode_side_by_side(args, {"mlx": plain, "kernel": routed}, tok)
+        report["decode"] = decode_side_by_side(args, {"mlx": plain, **copies}, tok)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 

@@ -309,6 +309,16 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     arms = {r["arm"] for r in report["decode"]}
     assert arms == {f"{a}-{c}" for a in ("greedy", "pipe", "tree4-pipe") for c in ("mlx", "kernel")}
     assert all(r["equals_own_greedy"] for r in report["decode"])  # routed at every width: the kernel's own arithmetic
+    # One routed copy per policy, each its own arms and forward column, MLX's beside them.
+    out = tmp_path / "policies.json"
+    monkeypatch.setattr(sys, "argv", ["rows_kernel.py", "--model", str(model), "--head", str(head), "--reference",
+                                      "--dtype", "bfloat16", "--rows", "", "--widths", "9", "--repeats", "1",
+                                      "--prompts", "1", "--max-new-tokens", "8", "--tree-pipe", "", "--cap", "4",
+                                      "--policies", "worth_routing,with_verifies", "--json", str(out)])
+    load_script("rows_kernel").main()
+    report = json.loads(out.read_text())
+    assert set(report["forward"]["9"]) == {"mlx_ms", "worthrouting_ms", "withverifies_ms", "argmax_equal"}
+    assert {r["arm"] for r in report["decode"]} == {f"{a}-{c}" for a in ("greedy", "pipe") for c in ("mlx", "worthrouting", "withverifies")}
     out = tmp_path / "parts.json"
     monkeypatch.setattr(sys, "argv", ["forward_parts.py", "--model", str(model), "--widths", "1,4", "--prefill", "24",
                                       "--repeats", "1", "--json", str(out)])
@@ -354,3 +364,60 @@ def test_the_trees_session_script_runs_the_kernel_precision_and_check(tmp_path):
     bad = subprocess.run(["bash", str(BENCHMARKS / "h200_trees.sh"), "qwen05"], env=env, capture_output=True, text=True,
                          cwd=BENCHMARKS.parent)
     assert bad.returncode == 2 and "unknown precision fp8 (stored, dequantized, kernel)" in bad.stdout
+
+
+def test_with_verifies_routes_the_draft_projection_and_every_verify_width():
+    """The candidate policy: worth_routing's products (a large layer at 2-7 rows), and every
+    product of 8 to MAX_ROWS rows whatever its size; never a one-row step or a prefill."""
+    from dspark_lab.engine.rows_kernel import MAX_ROWS, with_verifies, worth_routing
+
+    big, small = 151_936 * 896, 896 * 896
+    assert with_verifies(7, big) and worth_routing(7, big)
+    assert not with_verifies(4, small) and not with_verifies(1, big) and not with_verifies(MAX_ROWS + 1, small)
+    assert all(with_verifies(r, small) for r in (8, 16, 17, MAX_ROWS)) and not worth_routing(8, small)
+
+
+def test_cuda_graphs_reads_mlx_graph_files_and_runs_here(tmp_path, monkeypatch):
+    """benchmarks/cuda_graphs.py: a graph file as CUDA prints it (kernels as octagons labelled
+    with their mangled symbols, a child graph as a rectangle naming it) is counted by kind and
+    kernel name; on a CPU the script times its arms and records no graphs."""
+    import json
+    import sys
+
+    from scripts import load_script
+
+    from dspark_lab.tiny import build_tiny_model
+
+    graphs = load_script("cuda_graphs")
+    dot = """digraph dot {
+subgraph cluster_1 {
+label="graph_1" graph[style="dashed"];
+"graph_1_node_0"[style="bold" shape="octagon" label="0
+_ZN3mlx4core2cu10qmv_kernelILi8ELi16ELi64ELb1ELb1EN7cutlass10bfloat16_tEEEvPKT_
+"];
+
+"graph_1_node_1"[style="bold" shape="octagon" label="1
+_ZN3mlx4core2cu10qmv_kernelILi8ELi16ELi64ELb1ELb1EN7cutlass10bfloat16_tEEEvPKT_
+"];
+
+"graph_1_node_2"[style="solid" shape="rectangle" label="2
+graph_2
+"];
+
+"graph_1_node_3"[style="bold" shape="octagon" label="3
+nvjet_sm90_tst_64x8_64x16_1x1_h_bz_ptrBatch_NNT
+"];
+"graph_1_node_0" -> "graph_1_node_2";
+}
+}"""
+    summary = graphs.summarize_dot(dot)
+    assert summary == {"nodes": {"KERNEL": 3, "GRAPH": 1},
+                       "kernels": {"qmv_kernel": 2, "nvjet_sm90_tst_64x8_64x16_1x1_h_bz_ptrBatch_NNT": 1}}
+    assert graphs.kernel_name("_ZN3mlx4core2cu14rms_norm_smallI13__nv_bfloat16EEvPKT_") == "rms_norm_small"
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    out = tmp_path / "graphs.json"
+    monkeypatch.setattr(sys, "argv", ["cuda_graphs.py", "--model", str(model), "--widths", "1,3", "--prefill", "12",
+                                      "--repeats", "1", "--dtype", "float32", "--json", str(out)])
+    graphs.main()
+    widths = json.loads(out.read_text())["widths"]
+    assert set(widths) == {"1", "3"} and all(arm["ms"] > 0 for w in widths.values() for arm in w.values())

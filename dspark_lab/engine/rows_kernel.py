@@ -52,6 +52,19 @@ def worth_routing(rows: int, weights: int) -> bool:
     return rows in QMV_ROWS and rows * weights >= MIN_WEIGHT_ROWS
 
 
+VERIFY_ROWS = range(8, MAX_ROWS + 1)  # a pipelined verify's widths (cap + 1 rows, a tree's nodes)
+
+
+def with_verifies(rows: int, weights: int) -> bool:
+    """worth_routing's products, and every product of a verify's width (8 to MAX_ROWS rows), small
+    layers too. Measured alone, MLX's tensor-core kernel beats this one from 8 rows (thirty-eighth
+    round); inside the 0.5B's compiled forward, with every product routed, the forward of 8 rows
+    ran 1.08x and of 16 rows 1.05x faster through this kernel (H100, fortieth round: MLX's kernel
+    tiles 16 rows by 128 outputs, a few blocks for a small layer). A candidate policy, until
+    decoding says (benchmarks/rows_kernel.py --policies)."""
+    return worth_routing(rows, weights) or rows in VERIFY_ROWS
+
+
 def every_width(rows: int, weights: int) -> bool:
     """A policy routing every product the kernel takes: one-row steps compute what a verify's rows
     do, bit for bit (the lossless check of the kernel's own arithmetic)."""
