@@ -57,11 +57,11 @@ VERIFY_ROWS = range(8, MAX_ROWS + 1)  # a pipelined verify's widths (cap + 1 row
 
 def with_verifies(rows: int, weights: int) -> bool:
     """worth_routing's products, and every product of a verify's width (8 to MAX_ROWS rows), small
-    layers too. Measured alone, MLX's tensor-core kernel beats this one from 8 rows (thirty-eighth
-    round); inside the 0.5B's compiled forward, with every product routed, the forward of 8 rows
-    ran 1.08x and of 16 rows 1.05x faster through this kernel (H100, fortieth round: MLX's kernel
-    tiles 16 rows by 128 outputs, a few blocks for a small layer). A candidate policy, until
-    decoding says (benchmarks/rows_kernel.py --policies)."""
+    layers too: a candidate, not the engine's policy. Measured alone, MLX's tensor-core kernel
+    beats this one from 8 rows (thirty-eighth round); inside the 0.5B's compiled forward on an
+    H100 (fortieth round) every product through this kernel made the forward of 8 rows 1.08x
+    faster, this policy 1.05x, and at 16 and 17 rows this policy made it slower (0.88x, 0.72x);
+    its effect on decoding is not measured (benchmarks/rows_kernel.py --policies)."""
     return worth_routing(rows, weights) or rows in VERIFY_ROWS
 
 
