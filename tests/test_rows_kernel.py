@@ -108,11 +108,12 @@ def test_routed_layers_use_it_where_the_policy_says_and_go_back():
 
     assert route_quantized_rows(model, product, policy=at_three_rows) == 2
     assert "_dspark_decisions" not in q and "_dspark_decisions" not in q.parameters()  # state, not a child module
+    assert sorted(set(asked)) == list(range(1, MAX_ROWS + 1))  # asked at routing, for every width, once per layer
     asked.clear()
     for _ in range(3):
         q(x[:1, :1]), q(x[:1])
-    assert sorted(asked) == [1, 3]  # the policy asked once per input shape...
-    assert product.shapes[2:] == [(1, 3, 128)] * 3  # ...and its answer kept: 3 rows routed every time, 1 row never
+    assert asked == []  # ...never while decoding: its answers are kept with the layer
+    assert product.shapes[2:] == [(1, 3, 128)] * 3  # 3 rows routed every time, 1 row never
     assert unroute_quantized_rows(model) == 2 and type(q) is nn.QuantizedLinear and not hasattr(q, "_dspark_rows")
 
 
