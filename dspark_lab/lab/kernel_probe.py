@@ -335,17 +335,26 @@ def measure_rows_kernel(target, candidate: Callable | None = None, *, loop: tupl
     if loop is None:
         return verdict
     drafter, tokenizer = loop
+    return _decided_by_loop(verdict, reason, "the loop", "not lossless in the loop: ",
+                            lambda: _routed_loop_ms(target, drafter, tokenizer, candidate, tokens=loop_tokens, passes=loop_passes))
+
+
+def _decided_by_loop(verdict: KernelVerdict, reason: str, loop_name: str, refusal: str,
+                     timed: Callable[[], tuple[float, float, str | None]]) -> KernelVerdict:
+    """A checked verdict completed by timing the loop a user runs: `timed()` -> (ms a token through
+    MLX's operations, through the kernel, a failure or None). The kernel is used only when its
+    loop beats MLX's by MARGIN; a loop that fails or gives other tokens keeps it out."""
     try:
-        ref_ms, ker_ms, diff = _routed_loop_ms(target, drafter, tokenizer, candidate, tokens=loop_tokens, passes=loop_passes)
+        ref_ms, ker_ms, diff = timed()
     except Exception as e:
         verdict.reason = f"{reason}; failed in the loop: {type(e).__name__}: {e}"
         return verdict
     if diff:
-        verdict.exact, verdict.reason = False, f"{reason}; not lossless in the loop: {diff}"
+        verdict.exact, verdict.reason = False, f"{reason}; {refusal}{diff}"
         return verdict
     verdict.loop_reference_ms, verdict.loop_kernel_ms = round(ref_ms, 4), round(ker_ms, 4)
     verdict.use = ker_ms <= (1 - MARGIN) * ref_ms
-    verdict.reason = f"{reason}, the loop " + (f"{ref_ms / ker_ms:.2f}x faster" if verdict.use else "not faster")
+    verdict.reason = f"{reason}, {loop_name} " + (f"{ref_ms / ker_ms:.2f}x faster" if verdict.use else "not faster")
     return verdict
 
 
@@ -447,18 +456,8 @@ def measure_attention_kernel(draft_model, candidate: Callable | None = None, *, 
     if loop is None:
         return verdict
     target, tokenizer = loop
-    try:
-        ref_ms, ker_ms, diff = _draft_pipe_ms(target, draft_model, tokenizer, candidate, tokens=loop_tokens, passes=loop_passes)
-    except Exception as e:
-        verdict.reason = f"{reason}; failed in the loop: {type(e).__name__}: {e}"
-        return verdict
-    if diff:
-        verdict.exact, verdict.reason = False, f"{reason}; {diff}"
-        return verdict
-    verdict.loop_reference_ms, verdict.loop_kernel_ms = round(ref_ms, 4), round(ker_ms, 4)
-    verdict.use = ker_ms <= (1 - MARGIN) * ref_ms
-    verdict.reason = f"{reason}, draft-pipe " + (f"{ref_ms / ker_ms:.2f}x faster" if verdict.use else "not faster")
-    return verdict
+    return _decided_by_loop(verdict, reason, "draft-pipe", "",
+                            lambda: _draft_pipe_ms(target, draft_model, tokenizer, candidate, tokens=loop_tokens, passes=loop_passes))
 
 
 def choose_attention_kernel(draft_model, *, db=None, reprobe: bool = False, candidate: Callable | None = None,
