@@ -399,9 +399,10 @@ def check_same_drafters(session: Session, run_id: str, digests: dict[str, str | 
 def _sweep_model(cfg, model, sets, engine, run_id, done, progress, say, digests):
     """One model of the grid at each of its precisions. With several and cfg.interleave_precisions
     (the default), every precision is loaded at once and each prompt runs at every precision
-    before the next prompt: run one precision after another, a machine that drifts (an H100's
-    greedy decoding moved 40% within a minute, fortieth round) lands on one precision's trials
-    and not the other's. Otherwise one precision after another, holding one copy of the model."""
+    before the next prompt. Run one after another, two precisions can meet two different
+    machines: an H100's greedy decoding of one prompt ran 178 and 324 tok/s a minute apart, and the
+    precision swept second read its speedups over the slower one (fortieth round). Otherwise one
+    precision after another, one copy of the model in memory at a time."""
     ids = [model_variant(model, p) for p in cfg.precisions]
     for group in ([ids] if cfg.interleave_precisions else [[i] for i in ids]):
         variants = [_prepare_variant(cfg, model_id, engine, run_id, digests, say) for model_id in group]
