@@ -206,3 +206,36 @@ def test_the_cli_probes_the_attention_kernel_by_default_in_draft_pipe_on_cuda(ti
     assert "--attention-kernel: rows_attention kernel" in first.output and "measured" in first.output
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0 and "stored" in second.output, second.output
+
+
+def test_a_sweeps_draft_pipe_arms_take_the_kernel_as_the_probe_finds_it(head_dim_32, tmp_path, monkeypatch):
+    """`sweep --modes draft-pipe` on CUDA (the kernel stood in for) asks the same probe as
+    `generate`, routes the draft model's one-row attention when it says so, records the verdict
+    in the run's config, and its trials stay lossless; the plain draft arm shares the draft model
+    and its forwards are never routed."""
+    import json
+
+    import duckdb
+
+    import dspark_lab.engine.attention_kernel as ak
+    import dspark_lab.engine.kernels as kernels
+    from dspark_lab.lab import kernel_probe
+    from dspark_lab.lab.sweep import SweepConfig, run_sweep
+
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    stand_in = Counting()
+    monkeypatch.setattr(ak, "rows_attention", lambda: stand_in)
+    verdict = kernel_probe.KernelVerdict("rows_attention", True, "stood in: faster", exact=True, checked=3)
+    monkeypatch.setattr(kernel_probe, "measure_attention_kernel", lambda *a, **k: verdict)
+    cfg = SweepConfig(models=[str(head_dim_32)], draft_models=[str(head_dim_32)], modes=["baseline", "draft", "draft-pipe"],
+                      caps=["3"], prompt_sets=["code"], prompt_limit=1, trials=1, max_new_tokens=12, dtype="bfloat16")
+    db = tmp_path / "s.duckdb"
+    run_sweep(cfg, db, progress=False)
+    con = duckdb.connect(str(db), read_only=True)
+    (config,), = con.sql("select config from runs").fetchall()
+    lossless = con.sql("select mode, lossless from trials where mode != 'baseline' order by mode").fetchall()
+    con.close()
+    chosen = json.loads(config)["attention_kernel_chosen"]
+    assert list(chosen) == [f"{head_dim_32}|{head_dim_32}"] and chosen[f"{head_dim_32}|{head_dim_32}"]["use"] is True
+    assert lossless == [("draft", True), ("draft-pipe", True)]
+    assert stand_in.shapes and all(s[2] == 1 for s in stand_in.shapes)  # one-row steps only

@@ -441,13 +441,7 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
         say(f"{model_id}: {verdict.describe()}")
         target.launch_every = verdict.every
         # The run says what "auto" became, so an exported result carries it with its trials.
-        with Session(engine) as s:
-            run = s.get(Run, run_id)
-            config = json.loads(run.config)
-            config.setdefault("launch_every_chosen", {})[model_id] = verdict.to_dict()
-            run.config = json.dumps(config)
-            s.add(run)
-            s.commit()
+        _note_chosen(engine, run_id, "launch_every_chosen", model_id, verdict.to_dict())
     else:
         target.launch_every = cfg.launch_every
     drafters = {}  # (mode, drafter id) -> loaded head
@@ -492,6 +486,8 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
                         say(f"skipping mode draft-pipe for {model_id} with {d}: {e}")
                         continue
                 drafters[(mode, d)] = drafter
+                if mode == "draft-pipe":
+                    _route_draft_attention(drafter, target, tok, engine, run_id, f"{model_id}|{d}", say)
     arms = plan_arms(cfg, model_id, list(drafters))
     for arm in arms:
         arm.drafter_digest = digests.get(arm.drafter_id)
@@ -535,6 +531,37 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
         return {"pipeline": True, "lookup_drafts": cfg.pipe_lookup, "compile_draft": cfg.compile_draft}
 
     return _Variant(model_id, target, tok, drafters, arms, generate)
+
+
+def _note_chosen(engine, run_id: str, what: str, key: str, verdict: dict) -> None:
+    """Store in the run's config what a probe chose for `key` (a model, a pair), so an exported
+    result carries it with the trials it shaped."""
+    with Session(engine) as s:
+        run = s.get(Run, run_id)
+        config = json.loads(run.config)
+        config.setdefault(what, {})[key] = verdict
+        run.config = json.dumps(config)
+        s.add(run)
+        s.commit()
+
+
+def _route_draft_attention(drafter, target, tok, engine, run_id: str, pair: str, say) -> None:
+    """On CUDA, the draft model's one-row attention through engine/attention_kernel.py where the
+    probe (stored per machine and pair, as `generate --mode draft-pipe` finds it) says it is exact
+    and faster: the sweep's draft-pipe arms measure what generate runs. It changes only the
+    drafts (the plain draft mode's forwards are never routed); the verdict goes in the run's config."""
+    from ..engine.kernels import cuda_available
+
+    if not cuda_available():
+        return
+    from ..engine import attention_kernel
+    from .kernel_probe import choose_attention_kernel
+
+    verdict = choose_attention_kernel(drafter, db=engine, loop=(target, tok), model_id=pair)
+    say(f"{pair}: {verdict.describe()}")
+    if verdict.use:
+        drafter.route_attention(attention_kernel.rows_attention())
+    _note_chosen(engine, run_id, "attention_kernel_chosen", pair, verdict.to_dict())
 
 
 def _run_cells(cfg, variants: list[_Variant], sets, engine, run_id, done, progress, say) -> None:
