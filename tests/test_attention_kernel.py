@@ -175,6 +175,9 @@ def test_the_probe_checks_the_kernel_then_lets_draft_pipes_time_decide(head_dim_
     if not attention_kernel.cuda_available():
         none = kernel_probe.measure_attention_kernel(drafter)
         assert not none.available and "not available" in none.reason
+    wide, _ = load_target(head_dim_32, dtype="float32")  # the kernel reads bfloat16: this one's attention it never takes
+    f32 = kernel_probe.measure_attention_kernel(wide, stand_in, loop=(target, tok))
+    assert not f32.use and "not one the kernel takes" in f32.reason and "float32" in f32.reason
     db = open_db(tmp_path / "probe.duckdb")
     calls = []
     monkeypatch.setattr(kernel_probe, "measure_attention_kernel", lambda *a, **k: calls.append(1) or v)

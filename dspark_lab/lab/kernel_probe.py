@@ -377,19 +377,25 @@ def _attention_exactness(model, candidate) -> tuple[int, str | None]:
     each of ATTENTION_OFFSETS over a buffer with garbage past the row (what the mask must hide),
     the candidate within one bfloat16 step (at the largest output's magnitude) of the float32
     reference."""
+    import mlx.nn as nn
+
     from ..engine.attention_kernel import reference_rows_attention, supports
 
     cfg = model.config
     heads = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads", heads)
     d, scale = model.head_dim, model.head_dim ** -0.5
+    # The model's activations' dtype: its embedding's (a quantized one's scales'), what its queries,
+    # keys and values are computed in.
+    embed = model._embed
+    dtype = (embed.scales if isinstance(embed, nn.QuantizedEmbedding) else embed.weight).dtype
     key = mx.random.key(0)
     compared = 0
     for offset in ATTENTION_OFFSETS:
         buffer = offset + 64
-        q = mx.random.normal((1, heads, 1, d), key=key).astype(mx.bfloat16)
-        k = mx.random.normal((1, kv, buffer, d), key=mx.random.key(1)).astype(mx.bfloat16)
-        v = mx.random.normal((1, kv, buffer, d), key=mx.random.key(2)).astype(mx.bfloat16)
+        q = mx.random.normal((1, heads, 1, d), key=key).astype(dtype)
+        k = mx.random.normal((1, kv, buffer, d), key=mx.random.key(1)).astype(dtype)
+        v = mx.random.normal((1, kv, buffer, d), key=mx.random.key(2)).astype(dtype)
         k[:, :, offset + 1:] = 100.0  # past the row: seen, it would take every weight
         why = supports(q, k, v)
         if why is not None:
