@@ -644,10 +644,33 @@ def benchmark(
                           num(r["median_tok_s"], ".1f"), num(r["baseline_median_tok_s"], ".1f"), num(r["limit_share"], ".1%"),
                           f"{num(r['speedup'])}x ({num(r['ci_lo'])}-{num(r['ci_hi'])})", num(r["mean_accept_len"]), lossless)
         out.print(table)
+        if several:
+            _print_paired_precisions(engine, rid, "as-loaded" in cfg.precisions)
         if json_out is not None:
             out.print(f"result JSON: {export_run(engine, rid, json_out)}")
     finally:
         engine.dispose()
+
+
+def _print_paired_precisions(engine, run_id: str, has_as_loaded: bool) -> None:
+    """benchmark --precisions: each labelled precision's decode speed over the model as given,
+    trial by trial (db.queries.paired_precisions): whether the other precision is faster, where
+    each row's speedup is over its own precision's greedy decoding."""
+    from .db.queries import paired_precisions
+    from .lab.sweep import NON_DRAFTING_MODES
+
+    pairs = paired_precisions(engine, run_ids=[run_id])
+    if pairs.is_empty():
+        if not has_as_loaded:
+            err.print("[dim]no precision to pair with: the paired table compares each precision with as-loaded; add it to --precisions[/]")
+        return
+    table = Table("precision", "mode", "cap", "domain", "pairs", "tok/s over as-loaded (95% CI)",
+                  title="each precision against the model as loaded, trial by trial",
+                  caption="the same prompt and repeat at both precisions, run a moment apart; over 1: faster than as loaded")
+    for r in pairs.iter_rows(named=True):
+        table.add_row(r["precision"], r["mode"], "-" if r["mode"] in NON_DRAFTING_MODES else str(r["cap"]), r["domain"],
+                      str(r["pairs"]), f"{r['ratio']:.2f}x ({r['ci_lo']:.2f}-{r['ci_hi']:.2f})")
+    out.print(table)
 
 
 @app.command()

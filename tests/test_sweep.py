@@ -551,7 +551,10 @@ def test_benchmark_cli_gives_a_row_per_precision(tmp_path):
                             "-n", "8", "--db", str(tmp_path / "b.duckdb"), "--precisions", "as-loaded,8"], terminal_width=200)
     assert r.exit_code == 0, r.output
     table = r.output[r.output.index("preci"):]  # the column, however narrow the console draws it
-    assert "as-lo" in table and "q8" in table and table.count("lookup") == 2
+    assert "as-lo" in table and "q8" in table and table.count("lookup") >= 2
+    # Then each precision against the model as loaded, trial by trial: baseline, lookup and mlx-lm at q8.
+    paired = r.output[r.output.index("each precision against the model as loaded"):]
+    assert paired.count("q8") == 3 and "baseline" in paired and "lookup" in paired and "mlx-lm" in paired
     bad = runner.invoke(app, ["benchmark", "-m", str(model), "--precisions", "fp8", "--db", str(tmp_path / "c.duckdb")])
     assert bad.exit_code != 0 and "precision 'fp8' is not one of" in bad.output
 
@@ -620,3 +623,33 @@ def test_a_path_that_is_nothing_is_refused_before_a_run_is_created(tiny_dirs, he
     with pytest.raises(InputError, match="model '/no/such/model' not found"):
         run_sweep(small_config("/no/such/model", head), db, progress=False)
     assert not db.exists()  # no database, no failed run in it
+
+
+def test_paired_precisions_divide_each_trial_by_its_as_loaded_twin(tmp_path):
+    """db.queries.paired_precisions: for each labelled precision, arm and domain, the median over
+    (prompt, repeat) pairs of its decode tok/s over the same prompt and repeat as loaded."""
+    import statistics
+
+    from dspark_lab.db import open_db
+    from dspark_lab.db.queries import paired_precisions
+    from dspark_lab.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    head = build_tiny_dspark(tmp_path / "head", model, block_size=4)
+    cfg = small_config(model, head, modes=["baseline", "dspark"], caps=["2"], prompt_sets=["code"], prompt_limit=2,
+                       trials=2, max_new_tokens=6, precisions=["as-loaded", "8"])
+    db = tmp_path / "p.duckdb"
+    rid = run_sweep(cfg, db, progress=False)
+    engine = open_db(db)
+    try:
+        pairs = paired_precisions(engine, run_ids=[rid])
+    finally:
+        engine.dispose()
+    assert pairs.height == 2 and set(pairs["mode"]) == {"baseline", "dspark"} and set(pairs["precision"]) == {"q8"}
+    assert set(pairs["pairs"]) == {4} and all(lo <= r <= hi for r, lo, hi in pairs.select("ratio", "ci_lo", "ci_hi").iter_rows())
+    speeds = {(m.endswith("@q8"), mode, p, i): s for m, mode, p, i, s in
+              rows(db, "select model_id, mode, prompt_id, trial_index, decode_tokens_per_sec from trials")}
+    for mode in ("baseline", "dspark"):
+        want = statistics.median(speeds[(True, mode, p, i)] / speeds[(False, mode, p, i)] for p in ("code-001", "code-002") for i in (0, 1))
+        got = pairs.filter(pairs["mode"] == mode)["ratio"][0]
+        assert abs(got - want) < 1e-9

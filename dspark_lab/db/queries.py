@@ -295,3 +295,42 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
         out["machine"][i] or "", out["model_id"][i], out["domain"][i], out["mode"][i] != "baseline",
         out["mode"][i], out["drafter_id"][i] or "", cap_order(out["cap"][i])))
     return out[order]
+
+
+def paired_precisions(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000, seed: int = 0) -> pl.DataFrame:
+    """Each labelled precision of a model (MODEL@q8, @dequantized, @rows-kernel) against the model
+    as given, trial by trial: for every arm (drafter, mode, cap) and domain, the median over its
+    (prompt, repeat) pairs of the labelled copy's decode tok/s over the unlabelled copy's, with a
+    95% bootstrap interval over the pairs. Speedups divide each copy by its own greedy decoding;
+    this compares the copies' own speeds, the baseline arms included (how fast plain decoding is at
+    each precision). A sweep runs a model's precisions prompt by prompt in turn, so a pair ran a
+    moment apart on one machine (lab/sweep.py); from a run that swept them one after another
+    (--one-precision-at-a-time, or before the fortieth round) a pair is minutes apart and says as
+    much about the machine's drift. Pairs from different runs are never made.
+    Columns: machine, model (as given), precision, drafter_id, mode, cap, domain, pairs, ratio,
+    ci_lo, ci_hi."""
+    from ..engine.names import AS_LOADED, split_variant
+
+    schema = {"machine": pl.String, "model": pl.String, "precision": pl.String, "drafter_id": pl.String, "mode": pl.String,
+              "cap": pl.String, "domain": pl.String, "pairs": pl.Int64, "ratio": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64}
+    trials = trials_frame(engine, run_ids)
+    if trials.is_empty():
+        return pl.DataFrame(schema=schema)
+    split = [split_variant(m) for m in trials["model_id"].to_list()]
+    trials = trials.with_columns(model=pl.Series([s[0] for s in split], dtype=pl.String),
+                                 precision=pl.Series([s[1] for s in split], dtype=pl.String))
+    key = ["run_id", "machine", "model", "drafter_id", "mode", "cap", "domain", *PROMPT_KEY, "trial_index"]
+    speed = ["decode_tokens_per_sec"]
+    reference = trials.filter(pl.col("precision") == AS_LOADED).select(*key, pl.col(speed[0]).alias("_ref"))
+    labelled = trials.filter(pl.col("precision") != AS_LOADED).select(*key, "precision", *speed)
+    pairs = (labelled.join(reference, on=key, how="inner", nulls_equal=True)
+             .filter(pl.col("_ref") > 0)
+             .with_columns(_ratio=pl.col(speed[0]) / pl.col("_ref")))
+    rows = []
+    group = ["machine", "model", "precision", "drafter_id", "mode", "cap", "domain"]
+    for values, frame in pairs.group_by(group, maintain_order=True):
+        ratios = frame["_ratio"].to_numpy()
+        lo, hi = _bootstrap_ci(ratios, n_boot, np.random.default_rng(_group_seed(seed, values)))
+        rows.append({**dict(zip(group, values)), "pairs": len(ratios), "ratio": float(np.median(ratios)), "ci_lo": lo, "ci_hi": hi})
+    out = pl.DataFrame(rows, schema=schema)
+    return out.sort(["machine", "model", "precision", "mode", "drafter_id", "domain"], nulls_last=True)
