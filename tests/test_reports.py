@@ -238,3 +238,38 @@ def test_two_versions_of_a_head_in_one_arm_are_flagged(tmp_path):
         s.commit()
     html = build_report(engine, tmp_path / "r.html").read_text()
     assert "2 versions of the drafter pooled" in html and "#aaaaaaaa" not in html
+
+
+def test_a_database_with_precisions_shows_them_trial_by_trial(tmp_path):
+    """A sweep at two precisions: the report has a section pairing each trial at 8 bits with the
+    same prompt and repeat as loaded, its numbers db.queries.paired_precisions'; a database of one
+    precision has no such section."""
+    from dspark_lab.db import open_db
+    from dspark_lab.db.queries import paired_precisions
+    from dspark_lab.lab.sweep import SweepConfig, run_sweep
+    from dspark_lab.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "q4", "qwen3", seed=4, quantize_bits=4)
+    cfg = SweepConfig(models=[str(model)], modes=["baseline", "lookup"], caps=["2"], prompt_sets=["code"], prompt_limit=2,
+                      trials=1, max_new_tokens=6, precisions=["as-loaded", "8"])
+    db = tmp_path / "p.duckdb"
+    run_sweep(cfg, db, progress=False)
+    engine = open_db(db)
+    try:
+        html = build_report(engine, tmp_path / "p.html").read_text()
+        pairs = paired_precisions(engine)
+    finally:
+        engine.dispose()
+    assert 'id="precisions"' in html and 'href="#precisions"' in html
+    section = html[html.index('id="precisions"'):html.index('id="lossless"')]
+    for r in pairs.iter_rows(named=True):
+        assert f'<td data-col="ratio">{r["ratio"]:.3f}</td>' in section
+    assert section.count('<td data-col="precision">q8</td>') == pairs.height == 2  # baseline and lookup at 8 bits
+    one = tmp_path / "one.duckdb"
+    run_sweep(SweepConfig(models=[str(model)], modes=["baseline"], prompt_sets=["code"], prompt_limit=1, trials=1,
+                          max_new_tokens=4), one, progress=False)
+    engine = open_db(one)
+    try:
+        assert 'id="precisions"' not in build_report(engine, tmp_path / "one.html").read_text()
+    finally:
+        engine.dispose()

@@ -297,7 +297,8 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
     return out[order]
 
 
-def paired_precisions(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000, seed: int = 0) -> pl.DataFrame:
+def paired_precisions(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000, seed: int = 0, *,
+                      trials: pl.DataFrame | None = None) -> pl.DataFrame:
     """Each labelled precision of a model (MODEL@q8, @dequantized, @rows-kernel) against the model
     as given, trial by trial: for every arm (drafter, mode, cap) and domain, the median over its
     (prompt, repeat) pairs of the labelled copy's decode tok/s over the unlabelled copy's, with a
@@ -308,12 +309,12 @@ def paired_precisions(engine: Engine, run_ids: list[str] | None = None, n_boot: 
     (--one-precision-at-a-time, or before the fortieth round) a pair is minutes apart and says as
     much about the machine's drift. Pairs from different runs are never made.
     Columns: machine, model (as given), precision, drafter_id, mode, cap, domain, pairs, ratio,
-    ci_lo, ci_hi."""
+    ci_lo, ci_hi. `trials`: an already read (or filtered) trials_frame instead of the database's."""
     from ..engine.names import AS_LOADED, split_variant
 
     schema = {"machine": pl.String, "model": pl.String, "precision": pl.String, "drafter_id": pl.String, "mode": pl.String,
               "cap": pl.String, "domain": pl.String, "pairs": pl.Int64, "ratio": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64}
-    trials = trials_frame(engine, run_ids)
+    trials = trials_frame(engine, run_ids) if trials is None else trials
     if trials.is_empty():
         return pl.DataFrame(schema=schema)
     split = [split_variant(m) for m in trials["model_id"].to_list()]

@@ -20,7 +20,7 @@ import altair as alt
 import polars as pl
 from sqlalchemy import Engine
 
-from ..db.queries import calibration_frame, runs_frame, summary, trials_frame
+from ..db.queries import calibration_frame, paired_precisions, runs_frame, summary, trials_frame
 from ..errors import DsparkError
 from . import charts
 from ..engine.names import matches, short_name
@@ -189,6 +189,24 @@ def _summary_section(df: pl.DataFrame) -> str:
     return "\n".join(out)
 
 
+PRECISIONS_HEAD = ("model", "precision", "mode", "drafter", "cap", "domain", "pairs", "tok/s over as loaded", "95% CI", "device")
+
+
+def _precisions_section(pairs: pl.DataFrame) -> str:
+    """Each labelled precision's decode speed over the model as loaded, trial by trial
+    (db.queries.paired_precisions): which copy is faster, where each summary row's speedup is over
+    its own precision's plain decoding."""
+    rows = []
+    for r in pairs.iter_rows(named=True):
+        cells = [("model", short_name(r["model"])), ("precision", r["precision"]), ("mode", r["mode"]),
+                 ("drafter", short_name(r["drafter_id"])), ("cap", r["cap"]), ("domain", r["domain"]), ("pairs", r["pairs"]),
+                 ("ratio", _fmt(r["ratio"])), ("ci", f"[{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]"), ("device", r["machine"])]
+        rows.append("<tr>" + "".join(f'<td data-col="{c}">{_esc(v)}</td>' for c, v in cells) + "</tr>")
+    return ('<p class="meta">The same prompt and repeat at both precisions (a sweep runs them a moment apart); over 1: '
+            "faster than the model as loaded. Each row's median is over its pairs, the interval a bootstrap over them.</p>"
+            + _table("precisions", PRECISIONS_HEAD, rows))
+
+
 def _lossless_section(trials: pl.DataFrame) -> str:
     spec = trials.filter(pl.col("mode") != "baseline")
     bad = spec.filter(pl.col("lossless") == False)  # noqa: E712
@@ -278,6 +296,7 @@ def build_report(engine: Engine, out_html: Path, run_ids: list[str] | None = Non
         "summary": summary(engine, n_boot=n_boot, seed=seed, trials=trials),
         "summary_all": summary(engine, n_boot=n_boot, seed=seed, by_domain=False, trials=trials),
         "calibration": _relevant_calibration(calibration_frame(engine), trials, run_ids is not None or pair is not None),
+        "precisions": paired_precisions(engine, n_boot=n_boot, seed=seed, trials=trials),
     }
     runs = runs_frame(engine, shown_runs)
     rendered = _render_charts(frames)
@@ -307,7 +326,10 @@ def build_report(engine: Engine, out_html: Path, run_ids: list[str] | None = Non
             "Speedups compare each arm with the same model's plain decoding on the same prompts, same device.")
     bad_note = (f' <span class="flag">{n_bad} trial(s) NOT lossless</span> (see <a href="#lossless">Lossless check</a>)'
                 if n_bad else "")
-    links = [("summary", "Summary"), ("lossless", "Lossless check"), *[(n, t) for n, t, _ in CHARTS],
+    precisions = "" if frames["precisions"].is_empty() else (
+        '<h2 id="precisions">Precisions, trial by trial</h2>\n' + _precisions_section(frames["precisions"]))
+    links = [("summary", "Summary"), *([("precisions", "Precisions")] if precisions else []), ("lossless", "Lossless check"),
+             *[(n, t) for n, t, _ in CHARTS],
              ("domains", "Per-domain detail"), ("runs", "Runs")]
     nav = " ".join(f'<a href="#{n}">{_esc(t)}</a>' for n, t in links)
     embed_opts = {"renderer": "svg", "actions": {"export": True, "source": False, "compiled": False, "editor": False}}
@@ -329,6 +351,7 @@ def build_report(engine: Engine, out_html: Path, run_ids: list[str] | None = Non
 <p class="meta">All domains pooled. Every number sits beside the device (machine and device key) it was measured on,
 its trial count and its run ids; per-domain rows are in <a href="#domains">Per-domain detail</a>.</p>
 {_summary_section(frames["summary_all"])}
+{precisions}
 <h2 id="lossless">Lossless check</h2>
 {_lossless_section(trials)}
 {"".join(figures)}
