@@ -90,38 +90,50 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 AttentionKernelOpt = Annotated[Optional[bool], typer.Option("--attention-kernel/--no-attention-kernel", help="In draft-pipe mode, run the draft model's one-row steps' attention (at a position held on the device, over a masked buffer) through dspark-lab's CUDA kernel (engine/attention_kernel.py): 4.2x faster than MLX's there on an H100, draft-pipe 1.2-1.5x faster (fortieth round). It changes only the drafts, never the tokens. Default: in draft-pipe on CUDA, as a one-time probe on this machine found it for this pair (exact against its float32 reference, and draft-pipe faster; stored in --db); elsewhere off.")]
 
 
+def _probe_says(db: Path, flag: str, choose) -> bool:
+    """Whether the kernel behind `flag` is on, as `choose(engine)` (a lab/kernel_probe.py chooser:
+    the verdict stored for this machine and pair in --db, else a fresh probe, stored) finds it;
+    the verdict is printed."""
+    from .db import open_db
+
+    engine = open_db(db)
+    try:
+        verdict = choose(engine)
+    finally:
+        engine.dispose()
+    err.print(f"[dim]{flag}: {verdict.describe()}[/]")
+    return verdict.use
+
+
+def _built_or_refused(flag: str, build):
+    """The kernel `build()` makes, or the error that says why this machine has none and the way on."""
+    try:
+        return build()
+    except RuntimeError as e:
+        raise DsparkError(f"{flag}: {e}. Leave {flag} off on this machine.") from None
+
+
 def _route_attention(draft_model, attention_kernel: bool | None, mode: "Mode", *, target=None, tokenizer=None,
                      db: Path | None = None, model_id: str = "") -> None:
     """--attention-kernel: the draft model's one-row array-offset forwards through the kernel when
     asked, or (not given) in draft-pipe on CUDA when the stored or a fresh probe on this machine
     says so for this pair (it times draft-pipe both ways)."""
+    from .engine.attention_kernel import rows_attention
     from .engine.kernels import cuda_available
 
     if attention_kernel is None:
         if mode is not Mode.draft_pipe or not cuda_available() or db is None:
             return
-        from .db import open_db
         from .lab.kernel_probe import choose_attention_kernel
 
-        engine = open_db(db)
-        try:
-            verdict = choose_attention_kernel(draft_model, db=engine, loop=(target, tokenizer), model_id=model_id)
-        finally:
-            engine.dispose()
-        err.print(f"[dim]--attention-kernel: {verdict.describe()}[/]")
-        attention_kernel = verdict.use
+        attention_kernel = _probe_says(db, "--attention-kernel", lambda engine: choose_attention_kernel(
+            draft_model, db=engine, loop=(target, tokenizer), model_id=model_id))
     if not attention_kernel:
         return
     if mode is not Mode.draft_pipe:
         raise DsparkError(f"--attention-kernel applies to --mode draft-pipe (the draft model's one-row steps at a device-held "
                           f"position); this run is --mode {mode.value}. Leave --attention-kernel off.")
-    from .engine.attention_kernel import rows_attention
-
-    try:
-        kernel = rows_attention()
-    except RuntimeError as e:
-        raise DsparkError(f"--attention-kernel: {e}. Leave --attention-kernel off on this machine.") from None
-    draft_model.route_attention(kernel)
+    draft_model.route_attention(_built_or_refused("--attention-kernel", rows_attention))
 
 
 def _route_rows(target, rows_kernel: bool | None, *, loop: tuple | None, db: Path, model_id: str) -> None:
@@ -134,23 +146,13 @@ def _route_rows(target, rows_kernel: bool | None, *, loop: tuple | None, db: Pat
     if rows_kernel is None:
         if loop is None or not cuda_available() or not has_quantized_layers(target.model):
             return
-        from .db import open_db
         from .lab.kernel_probe import choose_rows_kernel
 
-        engine = open_db(db)
-        try:
-            verdict = choose_rows_kernel(target, db=engine, loop=loop, model_id=model_id)
-        finally:
-            engine.dispose()
-        err.print(f"[dim]--rows-kernel: {verdict.describe()}[/]")
-        rows_kernel = verdict.use
+        rows_kernel = _probe_says(db, "--rows-kernel", lambda engine: choose_rows_kernel(
+            target, db=engine, loop=loop, model_id=model_id))
     if not rows_kernel:
         return
-    try:
-        matmul = quantized_rows_matmul()
-    except RuntimeError as e:
-        raise DsparkError(f"--rows-kernel: {e}. Leave --rows-kernel off on this machine.") from None
-    if not target.route_quantized_rows(matmul):
+    if not target.route_quantized_rows(_built_or_refused("--rows-kernel", quantized_rows_matmul)):
         err.print("[dim]--rows-kernel: the target has no quantized layers; it changes nothing[/]")
     elif loop is not None:
         loop[0].drop_traces()

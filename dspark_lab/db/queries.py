@@ -321,12 +321,12 @@ def paired_precisions(engine: Engine, run_ids: list[str] | None = None, n_boot: 
     trials = trials.with_columns(model=pl.Series([s[0] for s in split], dtype=pl.String),
                                  precision=pl.Series([s[1] for s in split], dtype=pl.String))
     key = ["run_id", "machine", "model", "drafter_id", "mode", "cap", "domain", *PROMPT_KEY, "trial_index"]
-    speed = ["decode_tokens_per_sec"]
-    reference = trials.filter(pl.col("precision") == AS_LOADED).select(*key, pl.col(speed[0]).alias("_ref"))
-    labelled = trials.filter(pl.col("precision") != AS_LOADED).select(*key, "precision", *speed)
+    speed = "decode_tokens_per_sec"
+    reference = trials.filter(pl.col("precision") == AS_LOADED).select(*key, pl.col(speed).alias("_ref"))
+    labelled = trials.filter(pl.col("precision") != AS_LOADED).select(*key, "precision", speed)
     pairs = (labelled.join(reference, on=key, how="inner", nulls_equal=True)
              .filter(pl.col("_ref") > 0)
-             .with_columns(_ratio=pl.col(speed[0]) / pl.col("_ref")))
+             .with_columns(_ratio=pl.col(speed) / pl.col("_ref")))
     rows = []
     group = ["machine", "model", "precision", "drafter_id", "mode", "cap", "domain"]
     for values, frame in pairs.group_by(group, maintain_order=True):

@@ -276,9 +276,10 @@ def _routed_class(cls: type) -> type:
             # layer's own product with as little Python before it as can be: building a one-row
             # step's graph cost 4% more on the host with a dictionary lookup and a tuple per layer
             # here, and a routed greedy step ran 0.96x the unrouted one on an H100 (fortieth round).
-            if x.size // x.shape[-1] not in self._dspark_widths:
+            rows = x.size // x.shape[-1]
+            if rows not in self._dspark_widths:
                 return own(self, x)
-            key = (x.size // x.shape[-1], x.shape[-1], x.dtype)
+            key = (rows, x.shape[-1], x.dtype)
             route = self._dspark_decisions.by_input.get(key)
             if route is None:  # decided once per input shape and dtype
                 weight = self["weight"]
@@ -317,8 +318,8 @@ def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array], *,
             _unroute(module)  # never taken at any width: no detour through the routed class's Python
             continue
         module.__class__ = _routed_class(type(module))
-        module._dspark_rows, module._dspark_policy, module._dspark_decisions = matmul, policy, _Decisions()
-        module._dspark_widths = widths  # the rows the policy takes for this layer's size
+        module._dspark_rows, module._dspark_decisions = matmul, _Decisions()
+        module._dspark_widths = widths  # the rows the policy takes for this layer's size: all it says
         routed += 1
     return routed
 
@@ -336,7 +337,7 @@ def _unroute(module: nn.Module) -> bool:
     if original is None:
         return False
     module.__class__ = original
-    del module._dspark_rows, module._dspark_policy, module._dspark_decisions, module._dspark_widths
+    del module._dspark_rows, module._dspark_decisions, module._dspark_widths
     return True
 
 

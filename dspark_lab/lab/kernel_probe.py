@@ -331,19 +331,22 @@ def measure_rows_kernel(target, candidate: Callable | None = None, *, loop: tupl
     except _Refused as refused:
         return refused.verdict
     reason = f"within a bfloat16 step of the float32 product and width-independent on {checked} layer products"
-    verdict = KernelVerdict(name, False, reason + " (the loop not timed)", exact=True, checked=checked)
-    if loop is None:
+    timed = None if loop is None else (
+        lambda: _routed_loop_ms(target, *loop, candidate, tokens=loop_tokens, passes=loop_passes))
+    return _decided_by_loop(KernelVerdict(name, False, reason, exact=True, checked=checked), "the loop", "not lossless in the loop: ", timed)
+
+
+def _decided_by_loop(verdict: KernelVerdict, loop_name: str, refusal: str,
+                     timed: Callable[[], tuple[float, float, str | None]] | None) -> KernelVerdict:
+    """A verdict whose check passed (its reason says what was checked), completed by timing the
+    loop a user runs: `timed()` -> (ms a token through MLX's operations, through the kernel, a
+    failure or None). The kernel is used only when its loop beats MLX's by MARGIN; a loop that
+    fails or gives other tokens keeps it out. Without `timed` the loop is not timed and the
+    kernel stays off."""
+    reason = verdict.reason
+    if timed is None:
+        verdict.reason = reason + " (the loop not timed)"
         return verdict
-    drafter, tokenizer = loop
-    return _decided_by_loop(verdict, reason, "the loop", "not lossless in the loop: ",
-                            lambda: _routed_loop_ms(target, drafter, tokenizer, candidate, tokens=loop_tokens, passes=loop_passes))
-
-
-def _decided_by_loop(verdict: KernelVerdict, reason: str, loop_name: str, refusal: str,
-                     timed: Callable[[], tuple[float, float, str | None]]) -> KernelVerdict:
-    """A checked verdict completed by timing the loop a user runs: `timed()` -> (ms a token through
-    MLX's operations, through the kernel, a failure or None). The kernel is used only when its
-    loop beats MLX's by MARGIN; a loop that fails or gives other tokens keeps it out."""
     try:
         ref_ms, ker_ms, diff = timed()
     except Exception as e:
@@ -458,12 +461,9 @@ def measure_attention_kernel(draft_model, candidate: Callable | None = None, *, 
     except _Refused as refused:
         return refused.verdict
     reason = f"within a bfloat16 step of the float32 reference on {checked} one-row attentions"
-    verdict = KernelVerdict(name, False, reason + " (the loop not timed)", exact=True, checked=checked)
-    if loop is None:
-        return verdict
-    target, tokenizer = loop
-    return _decided_by_loop(verdict, reason, "draft-pipe", "",
-                            lambda: _draft_pipe_ms(target, draft_model, tokenizer, candidate, tokens=loop_tokens, passes=loop_passes))
+    timed = None if loop is None else (
+        lambda: _draft_pipe_ms(loop[0], draft_model, loop[1], candidate, tokens=loop_tokens, passes=loop_passes))
+    return _decided_by_loop(KernelVerdict(name, False, reason, exact=True, checked=checked), "draft-pipe", "", timed)
 
 
 def choose_attention_kernel(draft_model, *, db=None, reprobe: bool = False, candidate: Callable | None = None,

@@ -596,7 +596,6 @@ def _run_cells(cfg, variants: list[_Variant], sets, engine, run_id, done, progre
                 cell_arms = waiting(v, pset, prompt, i)
                 if not cell_arms:
                     continue
-                target, tok, drafters = v.target, v.tok, v.drafters
                 ref_key = (v.model_id, pset.name, prompt.id)
                 # Trial 0 runs the baseline first: its tokens are the reference every arm is checked
                 # against. Later trials rotate the order by one place each, so whatever the first arm
@@ -617,16 +616,7 @@ def _run_cells(cfg, variants: list[_Variant], sets, engine, run_id, done, progre
                         if ref is None:  # resumed after the baseline was stored: compare with the stored one
                             ref = stored_baseline(engine, run_id, v.model_id, pset.name, prompt.id)
                         if ref is not None:
-                            mismatch = _first_mismatch(ref, r.token_ids)
-                            lossless = mismatch is None
-                            if not lossless:
-                                rows = sweep_tree_rows(arm.mode, cfg.tree_nodes, arm.cap, drafters[(arm.mode, arm.drafter_id)].config.max_drafts,
-                                                       cfg.pipe_lookup) if arm.mode in TREE_MODES else 0
-                                gap, tie, why = _classify_mismatch(target, tok, prompt, ref, r.token_ids, arm.cap, rows)
-                                msg = (f"{MISMATCH_WORDS[1] if tie else MISMATCH_WORDS[0]}: {arm.key} on {pset.name}/{prompt.id} "
-                                       f"differs from baseline at token {mismatch}: {why}")
-                                bar.console.print(f"[bold {'yellow' if tie else 'red'}]{msg}[/]")
-                                say(msg)
+                            lossless, mismatch, gap, tie = _check_against_baseline(cfg, v, arm, pset, prompt, ref, r.token_ids, bar, say)
                     row = _trial_row(run_id, arm, i, pset, prompt, cfg, r, caps_chosen, lossless, mismatch, gap, tie)
                     cell = (row.arm_key, i)
                     with Session(engine) as s:  # one commit per trial: a kill loses at most the one in flight
@@ -635,6 +625,22 @@ def _run_cells(cfg, variants: list[_Variant], sets, engine, run_id, done, progre
                     done.add(cell)
                     bar.advance(task)
                     say(f"stored trial {len(done)}: {arm.key} {pset.name}/{prompt.id} #{i}")
+
+
+def _check_against_baseline(cfg, v: _Variant, arm: Arm, pset, prompt, ref: list[int], out: list[int], bar, say):
+    """(lossless, first mismatch, logit gap, tie) of an arm's tokens against its baseline's; a
+    difference is classified (a numerical tie or a real divergence) and said loudly, in colour."""
+    mismatch = _first_mismatch(ref, out)
+    if mismatch is None:
+        return True, None, None, None
+    rows = sweep_tree_rows(arm.mode, cfg.tree_nodes, arm.cap, v.drafters[(arm.mode, arm.drafter_id)].config.max_drafts,
+                           cfg.pipe_lookup) if arm.mode in TREE_MODES else 0
+    gap, tie, why = _classify_mismatch(v.target, v.tok, prompt, ref, out, arm.cap, rows)
+    msg = (f"{MISMATCH_WORDS[1] if tie else MISMATCH_WORDS[0]}: {arm.key} on {pset.name}/{prompt.id} "
+           f"differs from baseline at token {mismatch}: {why}")
+    bar.console.print(f"[bold {'yellow' if tie else 'red'}]{msg}[/]")
+    say(msg)
+    return False, mismatch, gap, tie
 
 
 def _measure_bandwidth() -> float:
