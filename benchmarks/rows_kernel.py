@@ -2,7 +2,7 @@
 matmul, side by side in one process (CUDA only).
 
     python benchmarks/rows_kernel.py --model DIR [--head DIR] [--rows 1,2,4,7,8,9,16,17,32] [--widths 1,2,8,16,17,33]
-        [--repeats 30] [--prompts 4] [--tree-pipe 16] [--policies worth_routing,with_verifies] [--every-width] [--json F]
+        [--repeats 30] [--prompts 4] [--tree-pipe 16] [--caps 7] [--copies worth_routing,every_width:wide] [--json F]
 
 1. Exactness, for each distinct quantized layer shape of the model and each row count: the kernel
    and mx.quantized_matmul against a float32 reference (weights dequantized in float32, a float32
@@ -10,16 +10,20 @@ matmul, side by side in one process (CUDA only).
    output; and whether the kernel's rows equal, bit for bit, the same rows computed one at a
    time (the property that makes a verify's rows match the one-row decode step's).
 2. Each layer shape's product timed: 40 independent calls in one evaluation, the median over
-   --repeats such batches, per call (launch included), the kernel beside MLX's.
+   --repeats such batches, per call (launch included), MLX's beside each kernel layout's (words,
+   wide: rows_kernel.LAYOUTS): built from Python call by call ("python": what an uncompiled
+   forward pays, the kernel's source assembled on every call), and as one compiled function of 40
+   products of 40 inputs ("compiled": what a compiled forward replays).
 3. The whole forward (the compiled forward_at the pipelined loops run) at each width after a
-   prefill: the model loaded once more per routed copy, each routed through the kernel where its
-   policy routes (--policies: rows_kernel.worth_routing, the engine's, by default; with_verifies;
-   every_width; --every-width alone: every product the kernel takes), timed interleaved (widths above compiled.MAX_WIDTH run op by op, as the loops run them).
+   prefill: the model loaded once more per routed copy (--copies: POLICY[:LAYOUT], the policy one of
+   worth_routing (the engine's), with_verifies, multi_row, every_width; the layout words (default) or wide;
+   --policies P,Q is --copies with the words layout; --every-width alone: every_width), timed
+   interleaved (widths above compiled.MAX_WIDTH run op by op, as the loops run them).
 4. With --head: decoding, each copy with its own instance of the head, arm after arm on each
    prompt (the first --prompts built-in prompts of code, math, chat; 128 tokens, after a warm-up):
-   greedy, the pipelined chain (compiled draft) and the pipelined trees of --tree-pipe nodes, at --cap,
-   through MLX's kernels and through the rows kernel; each arm's decode rate over MLX's greedy on
-   the prompt, and whether its tokens equal its own copy's greedy.
+   greedy, the pipelined chain (compiled draft) at each of --caps, and the pipelined trees of
+   --tree-pipe nodes at the first cap, through MLX's kernels and through each routed copy; each
+   arm's decode rate over MLX's greedy on the prompt, and whether its tokens equal its own copy's greedy.
 Nothing is asserted; the numbers decide whether the engine should route (docs/performance.md).
 """
 
@@ -38,8 +42,9 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
 from dspark_lab.engine import load_target  # noqa: E402
-from dspark_lab.engine.rows_kernel import (QUANTIZED_LAYERS, check_rows, every_width, quantized_rows_matmul,  # noqa: E402
-                                           reference_rows_matmul, supports, with_verifies, worth_routing)
+from dspark_lab.engine.rows_kernel import (LAYOUTS, QUANTIZED_LAYERS, check_rows, every_width, multi_row,  # noqa: E402
+                                           quantized_rows_matmul, reference_rows_matmul, supports, with_verifies,
+                                           worth_routing)
 
 BATCH = 40  # products a timed evaluation holds
 
@@ -71,6 +76,42 @@ def per_call_us(fn, repeats: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def compiled_per_call_us(product, x: mx.array, repeats: int) -> float:
+    """`product(x)` 40 times in one compiled function, each on its own input (equal inputs would
+    be merged by the compiler), the median over `repeats` evaluations, per call: what a compiled
+    forward replays, without the Python that builds the call."""
+    xs = [x + i for i in range(BATCH)]
+    mx.eval(xs)
+    batch = mx.compile(lambda *inputs: [product(v) for v in inputs])
+    for _ in range(3):
+        mx.eval(batch(*xs))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval(batch(*xs))
+        times.append((time.perf_counter() - t0) / BATCH)
+    return statistics.median(times) * 1e6
+
+
+POLICIES = {p.__name__: p for p in (worth_routing, with_verifies, multi_row, every_width)}
+
+
+def parse_copies(args) -> list[tuple[str, str]]:
+    """(policy, layout) per routed copy, from --copies, else --policies (words layout), else --every-width."""
+    if args.every_width:
+        return [("every_width", "words")]
+    spec = args.copies or args.policies
+    copies = []
+    for item in (c.strip() for c in spec.split(",") if c.strip()):
+        policy, _, layout = item.partition(":")
+        layout = layout or "words"
+        if policy not in POLICIES or layout not in LAYOUTS:
+            raise SystemExit(f"--copies {item!r}: POLICY[:LAYOUT] with POLICY one of {', '.join(POLICIES)} "
+                             f"and LAYOUT one of {', '.join(LAYOUTS)}")
+        copies.append((policy, layout))
+    return copies
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -79,11 +120,13 @@ def main() -> None:
     ap.add_argument("--head", default=None)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tree-pipe", default="16")
-    ap.add_argument("--cap", type=int, default=7)
+    ap.add_argument("--caps", default="7", help="the pipelined chain's caps in decoding (the trees take the first)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default=None, help="cast the float weights and a quantized model's scales (bfloat16: what the kernel reads)")
     ap.add_argument("--policies", default="worth_routing",
-                    help="routed copies, one per policy: worth_routing (the engine's), with_verifies, every_width")
+                    help="routed copies, one per policy, the words layout: worth_routing (the engine's), with_verifies, multi_row, every_width")
+    ap.add_argument("--copies", default=None,
+                    help="routed copies as POLICY[:LAYOUT] (layout words or wide), e.g. worth_routing,multi_row:wide")
     ap.add_argument("--every-width", action="store_true",
                     help="the routed copy sends every product the kernel takes through it (default: the engine's policy, worth_routing)")
     ap.add_argument("--reference", action="store_true",
@@ -92,17 +135,17 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows_list = [int(r) for r in args.rows.split(",") if r.strip()]
-    kernel = reference_rows_matmul if args.reference else quantized_rows_matmul()
+    layouts = {name: (reference_rows_matmul if args.reference else quantized_rows_matmul(name)) for name in LAYOUTS}
     plain, tok = load_target(args.model, dtype=args.dtype)
-    named = {"worth_routing": worth_routing, "with_verifies": with_verifies, "every_width": every_width}
-    policies = [every_width] if args.every_width else [named[p.strip()] for p in args.policies.split(",") if p.strip()]
-    # One routed copy per policy: "kernel" alone, else named by its policy (an arm is "pipe-<copy>").
+    wanted = parse_copies(args)
+    # One routed copy per (policy, layout): "kernel" alone, else named by both (an arm is "pipe<cap>-<copy>").
     copies = {}
-    for policy in policies:
+    for policy, layout in wanted:
         routed, _ = load_target(args.model, dtype=args.dtype)
-        name = "kernel" if len(policies) == 1 else policy.__name__.replace("_", "")
+        name = "kernel" if len(wanted) == 1 else policy.replace("_", "") + ("" if layout == "words" else layout)
         copies[name] = routed
-        print(f"{name}: {routed.route_quantized_rows(kernel, policy=policy)} layers routed through the kernel ({policy.__name__})", flush=True)
+        n = routed.route_quantized_rows(layouts[layout], policy=POLICIES[policy])
+        print(f"{name}: {n} layers routed through the kernel ({policy}, {layout} layout)", flush=True)
     report: dict = {"model": args.model, "device": str(mx.default_device()), "layers": {}, "forward": {}}
 
     mx.random.seed(0)
@@ -116,19 +159,23 @@ def main() -> None:
             if why:
                 entry[rows] = {"skipped": why}
                 continue
-            err, largest, alone_equal = check_rows(kernel, m, x)
             ref = reference_rows_matmul(x, w, s, b, group_size=m.group_size, bits=m.bits)
             theirs = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=m.group_size, bits=m.bits)
-            entry[rows] = {"kernel_error": err / max(largest, 1e-30), "mlx_error": relative(theirs, ref),
-                           "rows_alone_equal": alone_equal}
+            e = entry[rows] = {"mlx_error": relative(theirs, ref)}
+            products = {"mlx": lambda v: mx.quantized_matmul(v, w, s, b, transpose=True, group_size=m.group_size, bits=m.bits)}
+            for layout, kernel in layouts.items():
+                err, largest, alone_equal = check_rows(kernel, m, x)
+                e[f"{layout}_error"], e[f"{layout}_rows_alone_equal"] = err / max(largest, 1e-30), alone_equal
+                products[layout] = lambda v, kernel=kernel: kernel(v, w, s, b, group_size=m.group_size, bits=m.bits)
             if not args.reference:  # (a dry run: the stand-in's time says nothing)
-                entry[rows]["kernel_us"] = per_call_us(lambda: kernel(x, w, s, b, group_size=m.group_size, bits=m.bits), args.repeats)
-                entry[rows]["mlx_us"] = per_call_us(
-                    lambda: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=m.group_size, bits=m.bits), args.repeats)
-            e = entry[rows]
-            timing = f", {e['kernel_us']:7.1f} us vs mlx {e['mlx_us']:7.1f} us ({e['mlx_us'] / e['kernel_us']:.2f}x)" if "mlx_us" in e else ""
-            print(f"{key:42s} rows {rows:2d}: error kernel {e['kernel_error']:.2e} mlx {e['mlx_error']:.2e}, "
-                  f"rows alone equal {e['rows_alone_equal']}{timing}", flush=True)
+                for name, product in products.items():
+                    e[f"{name}_us"] = per_call_us(lambda: product(x), args.repeats)
+                    e[f"{name}_compiled_us"] = compiled_per_call_us(product, x, args.repeats)
+            errors = " ".join(f"{n} {e[n + '_error']:.1e}{'' if e.get(n + '_rows_alone_equal', True) else ' (rows differ alone!)'}"
+                              for n in ("mlx", *layouts))
+            timing = "" if "mlx_us" not in e else "; us python/compiled: " + ", ".join(
+                f"{n} {e[n + '_us']:.1f}/{e[n + '_compiled_us']:.1f}" for n in products)
+            print(f"{key:42s} rows {rows:2d}: error {errors}{timing}", flush=True)
 
     # The whole compiled forward at each width, both copies at the same cache offset, interleaved.
     ids = mx.array(tok.encode("def quicksort(items):\n    \"\"\"Sort a list.\"\"\"\n" * 4), dtype=mx.uint32)
@@ -159,10 +206,12 @@ def main() -> None:
         report["forward"][width] = {"mlx_ms": med["mlx"], **{f"{n}_ms": med[n] for n in copies}, "argmax_equal": same}
         print(f"forward of {width:2d} rows: mlx {med['mlx']:.3f} ms, " + ", ".join(
             f"{n} {med[n]:.3f} ms ({med['mlx'] / med[n]:.2f}x)" for n in copies) + f"; argmax equal {same}", flush=True)
+    if args.json:  # written now too: a decoding that fails or runs out of time keeps what came before
+        Path(args.json).write_text(json.dumps(report, indent=1))
     if args.head:
         report["decode"] = decode_side_by_side(args, {"mlx": plain, **copies}, tok)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
 
 
 def decode_side_by_side(args, targets: dict, tok) -> list[dict]:
@@ -173,15 +222,17 @@ def decode_side_by_side(args, targets: dict, tok) -> list[dict]:
 
     heads = {name: load_dspark(args.head, t, bits=16) for name, t in targets.items()}
     trees = [int(n) for n in args.tree_pipe.split(",") if n.strip()]
+    caps = [int(c) for c in args.caps.split(",") if c.strip()]
 
     def arms(name, ids, n):
         t, h = targets[name], heads[name]
         yield f"greedy-{name}", lambda: greedy_generate(t, tok, ids, max_new_tokens=n)
-        yield f"pipe-{name}", lambda: speculative_generate(t, tok, h, ids, max_new_tokens=n, max_draft_tokens=args.cap,
-                                                           pipeline=True, compile_draft=True)
+        for cap in caps:
+            yield f"pipe{cap}-{name}", lambda cap=cap: speculative_generate(
+                t, tok, h, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True, compile_draft=True)
         for nodes in trees:
             yield f"tree{nodes}-pipe-{name}", lambda nodes=nodes: speculative_generate(
-                t, tok, h, ids, max_new_tokens=n, max_draft_tokens=args.cap, pipeline=True, compile_draft=True, tree_nodes=nodes)
+                t, tok, h, ids, max_new_tokens=n, max_draft_tokens=caps[0], pipeline=True, compile_draft=True, tree_nodes=nodes)
 
     prompts = [p for s in load_prompt_sets("code,math,chat", limit=args.prompts) for p in s.prompts]
     warm = encode_prompt(tok, prompts[0].as_input())

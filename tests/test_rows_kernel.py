@@ -13,7 +13,7 @@ from conftest import PROMPTS
 from dspark_lab import greedy_generate, load_target, speculative_generate
 from dspark_lab.engine.drafters.load import load_dspark
 from dspark_lab.engine.kernels import cuda_available
-from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, dequantize_float32, every_width, k_split,
+from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, dequantize_float32, every_width, k_split, wide_k_split,
                                            quantized_rows_matmul, reference_rows_matmul, route_quantized_rows, supports,
                                            unroute_quantized_rows, worth_routing)
 from dspark_lab.db import open_db
@@ -59,6 +59,9 @@ def test_launch_shape_depends_on_k_alone_where_it_changes_the_sums():
     assert [k_split(896, 4), k_split(1536, 4), k_split(4864, 4), k_split(64, 4)] == [1, 3, 8, 1]
     assert [columns_per_block(r) for r in (1, 8, 9, 16, 17, 32)] == [4, 4, 4, 4, 2, 2]
     assert all(columns_per_block(r) * r <= 64 for r in range(1, MAX_ROWS + 1))
+    # The wide layout: a lane loads 16 bytes (4 packed words), so the warps follow K's chunks, still K alone.
+    assert [wide_k_split(896, 4), wide_k_split(1536, 4), wide_k_split(4864, 4), wide_k_split(8960, 4),
+            wide_k_split(896, 8)] == [1, 2, 5, 8, 2]
 
 
 def test_the_stand_in_is_the_float32_product_rounded_once():
@@ -193,6 +196,8 @@ def test_the_pipelines_position_check_runs_on_mlx_products_and_leaves_the_routin
 def test_the_kernel_says_it_needs_cuda():
     with pytest.raises(RuntimeError, match="no CUDA backend"):
         quantized_rows_matmul()
+    with pytest.raises(RuntimeError, match="no CUDA backend"):
+        quantized_rows_matmul("wide")
 
 
 # --- the probe (lab/kernel_probe.py) ---------------------------------------------------------------
@@ -301,25 +306,27 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     out = tmp_path / "rows.json"
     monkeypatch.setattr(sys, "argv", ["rows_kernel.py", "--model", str(model), "--head", str(head), "--reference",
                                       "--dtype", "bfloat16", "--rows", "1,9", "--widths", "1,8", "--repeats", "1",
-                                      "--prompts", "1", "--max-new-tokens", "8", "--tree-pipe", "4", "--cap", "4",
+                                      "--prompts", "1", "--max-new-tokens", "8", "--tree-pipe", "4", "--caps", "4",
                                       "--every-width", "--json", str(out)])
     load_script("rows_kernel").main()
     report = json.loads(out.read_text())
-    assert report["layers"] and all(e[str(r)]["kernel_error"] == 0.0 for e in report["layers"].values() for r in (1, 9))
+    assert report["layers"] and all(e[str(r)][f"{layout}_error"] == 0.0 and e[str(r)][f"{layout}_rows_alone_equal"]
+                                    for e in report["layers"].values() for r in (1, 9) for layout in ("words", "wide"))
     assert set(report["forward"]) == {"1", "8"}
     arms = {r["arm"] for r in report["decode"]}
-    assert arms == {f"{a}-{c}" for a in ("greedy", "pipe", "tree4-pipe") for c in ("mlx", "kernel")}
+    assert arms == {f"{a}-{c}" for a in ("greedy", "pipe4", "tree4-pipe") for c in ("mlx", "kernel")}
     assert all(r["equals_own_greedy"] for r in report["decode"])  # routed at every width: the kernel's own arithmetic
-    # One routed copy per policy, each its own arms and forward column, MLX's beside them.
+    # One routed copy per policy and layout, each its own arms and forward column, MLX's beside them.
     out = tmp_path / "policies.json"
     monkeypatch.setattr(sys, "argv", ["rows_kernel.py", "--model", str(model), "--head", str(head), "--reference",
                                       "--dtype", "bfloat16", "--rows", "", "--widths", "9", "--repeats", "1",
-                                      "--prompts", "1", "--max-new-tokens", "8", "--tree-pipe", "", "--cap", "4",
-                                      "--policies", "worth_routing,with_verifies", "--json", str(out)])
+                                      "--prompts", "1", "--max-new-tokens", "8", "--tree-pipe", "", "--caps", "3,4",
+                                      "--copies", "worth_routing,multi_row:wide", "--json", str(out)])
     load_script("rows_kernel").main()
     report = json.loads(out.read_text())
-    assert set(report["forward"]["9"]) == {"mlx_ms", "worthrouting_ms", "withverifies_ms", "argmax_equal"}
-    assert {r["arm"] for r in report["decode"]} == {f"{a}-{c}" for a in ("greedy", "pipe") for c in ("mlx", "worthrouting", "withverifies")}
+    assert set(report["forward"]["9"]) == {"mlx_ms", "worthrouting_ms", "multirowwide_ms", "argmax_equal"}
+    assert {r["arm"] for r in report["decode"]} == {f"{a}-{c}" for a in ("greedy", "pipe3", "pipe4")
+                                                    for c in ("mlx", "worthrouting", "multirowwide")}
     out = tmp_path / "parts.json"
     monkeypatch.setattr(sys, "argv", ["forward_parts.py", "--model", str(model), "--widths", "1,4", "--prefill", "24",
                                       "--repeats", "1", "--json", str(out)])

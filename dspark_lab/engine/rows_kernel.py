@@ -65,6 +65,12 @@ def with_verifies(rows: int, weights: int) -> bool:
     return worth_routing(rows, weights) or rows in VERIFY_ROWS
 
 
+def multi_row(rows: int, weights: int) -> bool:
+    """A candidate policy: every product of 2 or more rows (a verify's, a draft's), never a one-row
+    decode step's, whatever the layer's size (benchmarks/rows_kernel.py --copies)."""
+    return rows >= 2
+
+
 def every_width(rows: int, weights: int) -> bool:
     """A policy routing every product the kernel takes: one-row steps compute what a verify's rows
     do, bit for bit (the lossless check of the kernel's own arithmetic)."""
@@ -160,6 +166,87 @@ _SOURCE = """
     }
 """
 
+# The same product with 16-byte weight loads (a candidate layout, benchmarks/rows_kernel.py --layouts):
+# each lane takes CHUNK = 4 consecutive packed words of a column (32 weights at 4 bits) in one load,
+# and the warps split K so that a lane takes as few chunks as can be (a K of 896 at 4 bits: 28 chunks,
+# one warp, one load each). Why: the layout above is latency-bound on the small layers a verify runs
+# (a lane walks 3-4 words of K one dependent load after another, 4 bytes a load) and draws about a
+# quarter of the memory bandwidth on the vocabulary projection; here every lane has its whole share
+# of the weights in flight at once. Each output's sum still runs in an order fixed by K alone.
+_SOURCE_WIDE = """
+    constexpr int PER_WORD = 32 / BITS;
+    constexpr int CHUNK = 4;  // packed words a lane loads at once (16 bytes)
+    constexpr unsigned MASK = (1u << BITS) - 1u;
+    const int K = x_shape[1];
+    const int N = w_shape[0];
+    const int words = K / PER_WORD;
+    const int chunks = words / CHUNK;
+    const int groups = K / GROUP;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int col0 = blockIdx.x * C;
+    __shared__ float part[KSPLIT][C * M];
+
+    float acc[C][M];
+    #pragma unroll
+    for (int c = 0; c < C; ++c) {
+        #pragma unroll
+        for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
+    }
+    for (int chunk = warp * 32 + lane; chunk < chunks; chunk += 32 * KSPLIT) {
+        uint4 q[C];
+        #pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int col = min(col0 + c, N - 1);  // past the last column: computed, never written
+            q[c] = *reinterpret_cast<const uint4*>(w + (size_t)col * words + (size_t)chunk * CHUNK);
+        }
+        #pragma unroll
+        for (int j = 0; j < CHUNK; ++j) {
+            const int word = chunk * CHUNK + j;
+            const int g = (word * PER_WORD) / GROUP;
+            float wv[C][PER_WORD];
+            #pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const int col = min(col0 + c, N - 1);
+                const unsigned u = j == 0 ? q[c].x : j == 1 ? q[c].y : j == 2 ? q[c].z : q[c].w;
+                const float s = __bfloat162float(scales[(size_t)col * groups + g]);
+                const float b = __bfloat162float(biases[(size_t)col * groups + g]);
+                #pragma unroll
+                for (int i = 0; i < PER_WORD; ++i) wv[c][i] = fmaf(s, (float)((u >> (BITS * i)) & MASK), b);
+            }
+            #pragma unroll
+            for (int m = 0; m < M; ++m) {
+                float xv[PER_WORD];
+                dspark_load_x<PER_WORD>(x + (size_t)m * K + (size_t)word * PER_WORD, xv);
+                #pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    #pragma unroll
+                    for (int i = 0; i < PER_WORD; ++i) acc[c][m] = fmaf(wv[c][i], xv[i], acc[c][m]);
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int c = 0; c < C; ++c) {
+        #pragma unroll
+        for (int m = 0; m < M; ++m) {
+            float v = acc[c][m];
+            #pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == 0) part[warp][c * M + m] = v;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < C * M; i += blockDim.x) {
+        const int c = i / M;
+        const int m = i % M;
+        float sum = part[0][i];
+        #pragma unroll
+        for (int k = 1; k < KSPLIT; ++k) sum += part[k][i];
+        if (col0 + c < N) out[(size_t)m * N + col0 + c] = __float2bfloat16(sum);
+    }
+"""
+
 _built: dict[str, object] = {}
 
 
@@ -197,28 +284,52 @@ def supports(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array |
     return None
 
 
-def quantized_rows_matmul() -> Callable[..., mx.array]:
+def wide_k_split(k: int, bits: int) -> int:
+    """Warps a block of the wide layout splits K among: enough that a lane loads one 16-byte chunk
+    where it can (at most 8 warps). It depends on K alone, as k_split does."""
+    chunks = k * bits // 32 // 4
+    return max(1, min(8, -(-chunks // WARP)))
+
+
+# name -> (kernel body, warps a block for (K, bits), words a lane loads at once)
+LAYOUTS = {"words": (_SOURCE, k_split, 1), "wide": (_SOURCE_WIDE, wide_k_split, 4)}
+DEFAULT_LAYOUT = "words"
+
+
+def _kernel(layout: str):
+    if layout not in _built:
+        _built[layout] = mx.fast.cuda_kernel(name=f"dspark_quantized_rows_{layout}", input_names=["x", "w", "scales", "biases"],
+                                             output_names=["out"], source=LAYOUTS[layout][0], header=_HEADER)
+    return _built[layout]
+
+
+def quantized_rows_matmul(layout: str = DEFAULT_LAYOUT) -> Callable[..., mx.array]:
     """matmul(x, weight, scales, biases, group_size=, bits=) -> x @ dequantize(weight).T, as
-    mx.quantized_matmul(..., transpose=True) computes it, for what `supports` accepts. Raises
+    mx.quantized_matmul(..., transpose=True) computes it, for what `supports` accepts. `layout`:
+    "words" (a lane loads one packed word at a time) or "wide" (16 bytes at a time, _SOURCE_WIDE;
+    a K its loads do not divide runs the "words" layout, at every width alike). Raises
     RuntimeError off CUDA; the kernel is compiled (NVRTC) at its first call for each shape."""
     if not cuda_available():
         raise RuntimeError("no CUDA backend on this device (the rows kernel is written for MLX's CUDA backend)")
-    if "rows" not in _built:
-        _built["rows"] = mx.fast.cuda_kernel(name="dspark_quantized_rows", input_names=["x", "w", "scales", "biases"],
-                                             output_names=["out"], source=_SOURCE, header=_HEADER)
-    kernel = _built["rows"]
+    if layout not in LAYOUTS:
+        raise ValueError(f"rows kernel layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    _kernel(layout)
 
     def matmul(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, group_size: int, bits: int) -> mx.array:
         *lead, k = x.shape
+        _, split_of, words_a_load = LAYOUTS[layout]
+        use = layout if (k * bits // 32) % words_a_load == 0 else "words"
+        split_of = LAYOUTS[use][1]
         rows, n = math.prod(lead), weight.shape[0]
-        c, split = columns_per_block(rows), k_split(k, bits)
+        c, split = columns_per_block(rows), split_of(k, bits)
         blocks = -(-n // c)
-        (out,) = kernel(inputs=[x.reshape(rows, k), weight, scales, biases],
-                        template=[("M", rows), ("C", c), ("BITS", bits), ("GROUP", group_size), ("KSPLIT", split)],
-                        grid=(blocks * WARP * split, 1, 1), threadgroup=(WARP * split, 1, 1),
-                        output_shapes=[(rows, n)], output_dtypes=[x.dtype])
+        (out,) = _kernel(use)(inputs=[x.reshape(rows, k), weight, scales, biases],
+                              template=[("M", rows), ("C", c), ("BITS", bits), ("GROUP", group_size), ("KSPLIT", split)],
+                              grid=(blocks * WARP * split, 1, 1), threadgroup=(WARP * split, 1, 1),
+                              output_shapes=[(rows, n)], output_dtypes=[x.dtype])
         return out.reshape(*lead, n)
 
+    matmul.layout = layout
     return matmul
 
 
