@@ -242,3 +242,38 @@ def test_a_sweeps_draft_pipe_arms_take_the_kernel_as_the_probe_finds_it(head_dim
     assert list(chosen) == [f"{head_dim_32}|{head_dim_32}"] and chosen[f"{head_dim_32}|{head_dim_32}"]["use"] is True
     assert lossless == [("draft", True), ("draft-pipe", True)]
     assert stand_in.shapes and all(s[2] == 1 for s in stand_in.shapes)  # one-row steps only
+
+
+def test_a_compiled_greedy_step_through_the_kernel_decodes_the_plain_steps_tokens(head_dim_32):
+    """Plain decoding with Target.compiled (one traced step replayed) and its one-row attention
+    routed: the same tokens as the plain step's, the kernel taking one-row attentions only."""
+    from conftest import PROMPTS
+    from dspark_lab import greedy_generate, load_target
+
+    plain, tok = load_target(head_dim_32, dtype="bfloat16")
+    stepped, _ = load_target(head_dim_32, dtype="bfloat16")
+    stepped.compiled = True
+    kernel = Counting()
+    stepped.route_attention(kernel)
+    for prompt in PROMPTS[:3]:
+        ids = tok.encode(prompt)
+        assert greedy_generate(stepped, tok, ids, max_new_tokens=24).token_ids == \
+            greedy_generate(plain, tok, ids, max_new_tokens=24).token_ids, prompt
+    assert kernel.shapes and all(s[2] == 1 for s in kernel.shapes)
+
+
+def test_the_greedy_step_benchmark_runs_here_through_the_stand_in(head_dim_32, tmp_path):
+    """benchmarks/greedy_step.py on a tiny model: every arm reports a rate, a spread and whether
+    its tokens are the plain step's (the rates mean nothing on a CPU)."""
+    import json
+
+    from scripts import load_script
+
+    out = tmp_path / "steps.json"
+    load_script("greedy_step").main(["--model", str(head_dim_32), "--prompts", "1", "--max-new-tokens", "12",
+                                     "--repeats", "2", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert len(report["rows"]) == 3
+    assert set(report["summary"]) == {"plain", "compiled", "compiled+kernel", "mlx_lm"}
+    assert all(r[a]["tok_s"] > 0 and r[a]["spread"] >= 0 for r in report["rows"] for a in report["summary"])
+    assert all(r["plain"]["over_plain"] == 1.0 for r in report["rows"])

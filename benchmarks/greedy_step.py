@@ -1,0 +1,126 @@
+"""Plain decoding's one-row step three ways, side by side in one process: as the engine runs it
+(uncompiled, attention over the exact filled slice), compiled (Target.compiled: one traced step
+replayed, attention over the whole buffer with a mask), and compiled with that attention through
+engine/attention_kernel.py (Target.route_attention), beside mlx-lm's own generation.
+
+    python benchmarks/greedy_step.py --model DIR [--prompts 2] [--max-new-tokens 128] [--repeats 3] [--json OUT]
+
+Why: on an H100 the compiled one-row forward with the attention kernel took 2.79 ms where the
+plain step took 2.95 (docs/performance.md, fortieth round, benchmarks/cuda_graphs.py), and plain
+decoding's rate swings 13-15% from one pass to the next on these machines, since the host builds
+every step's graph in Python (twenty-second round); a replayed step builds nothing. This decodes:
+each arm its own copy of the model, the first --prompts built-in prompts of code, math and chat,
+a warm-up pass of every arm, then --repeats passes with the arms in rotated order. Prints each
+arm's median decode rate per prompt over the plain step's, the spread of its passes (max - min
+over median), and whether its tokens equal the plain step's (a bfloat16 near-tie can order two
+tokens differently in a step that attends another way; the lab classifies such differences).
+Off CUDA the kernel's float32 reference stands in (a dry run: the rates mean nothing there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+
+from dspark_lab import greedy_generate, load_target  # noqa: E402
+from dspark_lab.engine import attention_kernel  # noqa: E402
+from dspark_lab.engine.kernels import cuda_available  # noqa: E402
+from dspark_lab.engine.text import encode_prompt  # noqa: E402
+from dspark_lab.lab.prompts import load_prompt_sets  # noqa: E402
+
+
+def mlx_lm_rate(target, tok, ids, max_tokens: int) -> tuple[list[int], float]:
+    """mlx-lm's stream_generate, timed as our arms are: tokens after the first over the time after it."""
+    from mlx_lm.generate import stream_generate
+
+    first, tokens = None, []
+    for resp in stream_generate(target.model, tok, ids, max_tokens=max_tokens):
+        if first is None:
+            first = time.perf_counter()
+        tokens.append(resp.token)
+    end = time.perf_counter()
+    eos = set(tok.eos_token_ids)
+    tokens = [t for t in tokens if t not in eos]
+    return tokens, (len(tokens) - 1) / max(end - first, 1e-9)
+
+
+def load_arms(model: str) -> dict:
+    """name -> (target, tokenizer): one copy per way of stepping."""
+    arms = {}
+    for name in ("plain", "compiled", "compiled+kernel"):
+        target, tok = load_target(model)
+        if name != "plain":
+            target.compiled = True
+        if name == "compiled+kernel":
+            target.route_attention(attention_kernel.rows_attention() if cuda_available() else attention_kernel.reference_rows_attention)
+        arms[name] = (target, tok)
+    return arms
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompts", type=int, default=2, help="built-in prompts per set (code, math, chat)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-mlx-lm", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    arms = load_arms(args.model)
+    tok = arms["plain"][1]
+
+    def run(name: str, ids) -> tuple[list[int], float]:
+        if name == "mlx_lm":
+            return mlx_lm_rate(arms["plain"][0], tok, ids, args.max_new_tokens)
+        target, _ = arms[name]
+        r = greedy_generate(target, tok, ids, max_new_tokens=args.max_new_tokens)
+        return r.token_ids, r.decode_tokens_per_sec
+
+    names = [*arms, *([] if args.no_mlx_lm else ["mlx_lm"])]
+    prompts = [p for s in load_prompt_sets("code,math,chat", limit=args.prompts) for p in s.prompts]
+    encoded = {p.id: (p.domain, encode_prompt(tok, p.as_input())) for p in prompts}
+    for _, ids in encoded.values():  # warm-up: traces, kernels, the buffers' first sizes
+        for name in names:
+            run(name, ids)
+    rows = []
+    for pid, (domain, ids) in encoded.items():
+        rates, outputs = {n: [] for n in names}, {}
+        for rep in range(args.repeats):
+            order = names[rep % len(names):] + names[:rep % len(names)]  # rotated: drift hits every arm alike
+            for name in order:
+                outputs[name], rate = run(name, ids)
+                rates[name].append(rate)
+        med = {n: statistics.median(v) for n, v in rates.items()}
+        row = {"prompt": pid, "set": domain, "tokens": len(outputs["plain"])}
+        for n in names:
+            row[n] = {"tok_s": round(med[n], 1), "over_plain": round(med[n] / med["plain"], 3),
+                      "spread": round((max(rates[n]) - min(rates[n])) / med[n], 3),
+                      "same_tokens_as_plain": outputs[n] == outputs["plain"]}
+        rows.append(row)
+        print(f"{pid:9s} " + "  ".join(f"{n} {row[n]['tok_s']:6.1f} ({row[n]['over_plain']:.2f}x, spread {row[n]['spread']:.2f})"
+                                       f"{'' if row[n]['same_tokens_as_plain'] else '*'}" for n in names), flush=True)
+    summary = {}
+    for n in names:
+        summary[n] = {"median_over_plain": round(statistics.median(r[n]["over_plain"] for r in rows), 3),
+                      "median_spread": round(statistics.median(r[n]["spread"] for r in rows), 3),
+                      "same_tokens": sum(r[n]["same_tokens_as_plain"] for r in rows)}
+        print(f"{n}: median {summary[n]['median_over_plain']:.3f}x the plain step, spread {summary[n]['median_spread']:.2f}, "
+              f"{summary[n]['same_tokens']}/{len(rows)} prompts token for token the plain step's (* above: not)", flush=True)
+    report = {"model": args.model, "device": str(mx.default_device()), "mlx": mx.__version__, "prompts_per_set": args.prompts,
+              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "rows": rows, "summary": summary}
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
