@@ -1,7 +1,9 @@
-"""Plain decoding's one-row step three ways, side by side in one process: as the engine runs it
-(uncompiled, attention over the exact filled slice), compiled (Target.compiled: one traced step
-replayed, attention over the whole buffer with a mask), and compiled with that attention through
-engine/attention_kernel.py (Target.route_attention), beside mlx-lm's own generation.
+"""Plain decoding's one-row step three ways, side by side in one process: built op by op
+(attention over the exact filled slice), compiled (greedy_generate(compiled_step=True): one traced
+step replayed at a device-held position, attention over the whole buffer with a mask), and compiled
+with that attention through engine/attention_kernel.py (Target.route_attention), beside mlx-lm's
+own generation. (The forty-first round ran these arms through Target.compiled, which replays the
+same trace at the cache's host offset.)
 
     python benchmarks/greedy_step.py --model DIR [--prompts 2] [--max-new-tokens 128] [--repeats 3] [--json OUT]
 
@@ -57,8 +59,6 @@ def load_arms(model: str) -> dict:
     arms = {}
     for name in ("plain", "compiled", "compiled+kernel"):
         target, tok = load_target(model)
-        if name != "plain":
-            target.compiled = True
         if name == "compiled+kernel":
             target.route_attention(attention_kernel.rows_attention() if cuda_available() else attention_kernel.reference_rows_attention)
         arms[name] = (target, tok)
@@ -82,7 +82,7 @@ def main(argv=None) -> dict:
         if name == "mlx_lm":
             return mlx_lm_rate(arms["plain"][0], tok, ids, args.max_new_tokens)
         target, _ = arms[name]
-        r = greedy_generate(target, tok, ids, max_new_tokens=args.max_new_tokens)
+        r = greedy_generate(target, tok, ids, max_new_tokens=args.max_new_tokens, compiled_step=name != "plain")
         return r.token_ids, r.decode_tokens_per_sec
 
     names = [*arms, *([] if args.no_mlx_lm else ["mlx_lm"])]

@@ -87,7 +87,7 @@ RowsKernelOpt = Annotated[Optional[bool], typer.Option("--rows-kernel/--no-rows-
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
-AttentionKernelOpt = Annotated[Optional[bool], typer.Option("--attention-kernel/--no-attention-kernel", help="In draft-pipe mode, run the draft model's one-row steps' attention (at a position held on the device, over a masked buffer) through dspark-lab's CUDA kernel (engine/attention_kernel.py): 4.2x faster than MLX's there on an H100, draft-pipe 1.2-1.5x faster (fortieth round). It changes only the drafts, never the tokens. Default: in draft-pipe on CUDA, as a one-time probe on this machine found it for this pair (exact against its float32 reference, and draft-pipe faster; stored in --db); elsewhere off.")]
+AttentionKernelOpt = Annotated[Optional[bool], typer.Option("--attention-kernel/--no-attention-kernel", help="In draft-pipe mode, run the draft model's one-row steps' attention (at a position held on the device, over a masked buffer) through dspark-lab's CUDA kernel (engine/attention_kernel.py): 4.2x faster than MLX's there on an H100, draft-pipe 1.2-1.5x faster (fortieth round); it changes only the drafts, never the tokens. In baseline mode, replay plain decoding's one-row step compiled with its attention through the kernel: 1.07-1.10x faster on an H100 (forty-first round); a bfloat16 near-tie may then order two tokens the other way. Default: on CUDA in those two modes, as a one-time probe on this machine found it for this model or pair (exact against its float32 reference, and the decoding faster; stored in --db); elsewhere off.")]
 
 
 def _probe_says(db: Path, flag: str, choose) -> bool:
@@ -132,8 +132,28 @@ def _route_attention(draft_model, attention_kernel: bool | None, mode: "Mode", *
         return
     if mode is not Mode.draft_pipe:
         raise DsparkError(f"--attention-kernel applies to --mode draft-pipe (the draft model's one-row steps at a device-held "
-                          f"position); this run is --mode {mode.value}. Leave --attention-kernel off.")
+                          f"position) and --mode baseline (plain decoding's compiled step); this run is --mode {mode.value}. "
+                          "Leave --attention-kernel off.")
     draft_model.route_attention(_built_or_refused("--attention-kernel", rows_attention))
+
+
+def _compiled_greedy_step(target, tokenizer, attention_kernel: bool | None, *, db: Path | None, model_id: str) -> bool:
+    """--attention-kernel in baseline mode: whether plain decoding replays its one-row step compiled,
+    its attention through the kernel (routed here), when asked, or (not given) on CUDA when the
+    stored or a fresh probe on this machine says so for this model (it times plain decoding both ways)."""
+    from .engine.attention_kernel import rows_attention
+    from .engine.kernels import cuda_available
+
+    if attention_kernel is None:
+        if not cuda_available() or db is None:
+            return False
+        from .lab.kernel_probe import choose_greedy_step
+
+        attention_kernel = _probe_says(db, "--attention-kernel", lambda engine: choose_greedy_step(
+            target, tokenizer=tokenizer, db=engine, model_id=model_id))
+    if attention_kernel:
+        target.route_attention(_built_or_refused("--attention-kernel", rows_attention))
+    return bool(attention_kernel)
 
 
 def _route_rows(target, rows_kernel: bool | None, *, loop: tuple | None, db: Path, model_id: str) -> None:
@@ -269,8 +289,10 @@ def generate(
     # First, before any probe or calibration below times the target: they should time what runs.
     _route_rows(target, rows_kernel, loop=(head, tokenizer) if mode in (Mode.dspark, Mode.dspark_pipe, *TREE_MODES) else None,
                 db=db, model_id=f"{model}|{drafter}|{drafter_bits}")
-    _route_attention(head if mode in draft_modes else None, attention_kernel, mode, target=target, tokenizer=tokenizer,
-                     db=db, model_id=f"{model}|{draft_model}")
+    compiled_step = mode is Mode.baseline and _compiled_greedy_step(target, tokenizer, attention_kernel, db=db, model_id=model)
+    if mode is not Mode.baseline:
+        _route_attention(head if mode in draft_modes else None, attention_kernel, mode, target=target, tokenizer=tokenizer,
+                         db=db, model_id=f"{model}|{draft_model}")
     if launch_every == "auto":
         from .db import open_db
         from .lab.launch_probe import choose_launch_every
@@ -330,7 +352,7 @@ def generate(
     elif mode is Mode.lookup:
         result = lookup_generate(target, tokenizer, prompt, max_draft_tokens=max_draft or 8, cap_controller=controller, **common)
     else:
-        result = greedy_generate(target, tokenizer, prompt, **common)
+        result = greedy_generate(target, tokenizer, prompt, compiled_step=compiled_step, **common)
     sys.stdout.write("\n")
     if controller is not None:
         err.print(f"[dim]caps chosen per round: {controller.history}[/]")

@@ -131,7 +131,7 @@ def test_a_routed_verify_takes_the_kernel_only_at_the_widths_asked(head_dim_32, 
 
 
 def test_the_cli_routes_a_draft_models_attention_only_in_draft_pipe_and_on_cuda(tiny_dirs):
-    """`generate --attention-kernel`: another mode is refused with the mode it applies to; off
+    """`generate --attention-kernel`: another mode is refused with the modes it applies to; off
     CUDA draft-pipe says the kernel needs CUDA and how to go on."""
     from typer.testing import CliRunner
 
@@ -140,8 +140,9 @@ def test_the_cli_routes_a_draft_models_attention_only_in_draft_pipe_and_on_cuda(
     if attention_kernel.cuda_available():
         pytest.skip("a CUDA backend is here")
     args = ["generate", "-m", str(tiny_dirs["qwen3"]), "-p", "hi", "-n", "4", "--no-chat-template", "--attention-kernel"]
-    wrong_mode = CliRunner().invoke(app, args)
+    wrong_mode = CliRunner().invoke(app, args + ["--mode", "lookup"])
     assert wrong_mode.exit_code != 0 and "applies to --mode draft-pipe" in wrong_mode.output
+    assert "and --mode baseline" in wrong_mode.output
     no_cuda = CliRunner().invoke(app, args + ["--mode", "draft-pipe", "--draft-model", str(tiny_dirs["qwen3"])])
     assert no_cuda.exit_code != 0 and "CUDA" in no_cuda.output and "Leave --attention-kernel off" in no_cuda.output
     plain = CliRunner().invoke(app, args[:-1] + ["--mode", "draft-pipe", "--draft-model", str(tiny_dirs["qwen3"])])
@@ -245,21 +246,26 @@ def test_a_sweeps_draft_pipe_arms_take_the_kernel_as_the_probe_finds_it(head_dim
 
 
 def test_a_compiled_greedy_step_through_the_kernel_decodes_the_plain_steps_tokens(head_dim_32):
-    """Plain decoding with Target.compiled (one traced step replayed) and its one-row attention
-    routed: the same tokens as the plain step's, the kernel taking one-row attentions only."""
+    """Plain decoding with compiled_step (one traced step replayed at a device-held position) and
+    its one-row attention routed: the same tokens as the plain step's, the kernel taking one-row
+    attentions only; compiled with MLX's attention, the same tokens too."""
     from conftest import PROMPTS
     from dspark_lab import greedy_generate, load_target
 
     plain, tok = load_target(head_dim_32, dtype="bfloat16")
     stepped, _ = load_target(head_dim_32, dtype="bfloat16")
-    stepped.compiled = True
     kernel = Counting()
     stepped.route_attention(kernel)
     for prompt in PROMPTS[:3]:
         ids = tok.encode(prompt)
-        assert greedy_generate(stepped, tok, ids, max_new_tokens=24).token_ids == \
-            greedy_generate(plain, tok, ids, max_new_tokens=24).token_ids, prompt
+        want = greedy_generate(plain, tok, ids, max_new_tokens=24).token_ids
+        assert greedy_generate(stepped, tok, ids, max_new_tokens=24, compiled_step=True).token_ids == want, prompt
+        assert greedy_generate(plain, tok, ids, max_new_tokens=24, compiled_step=True).token_ids == want, prompt
     assert kernel.shapes and all(s[2] == 1 for s in kernel.shapes)
+    # Across a buffer bucket (256 positions): the step's trace and the buffers grow with the generation.
+    ids = tok.encode(PROMPTS[0])
+    assert greedy_generate(stepped, tok, ids, max_new_tokens=300, compiled_step=True).token_ids == \
+        greedy_generate(plain, tok, ids, max_new_tokens=300).token_ids
 
 
 def test_the_greedy_step_benchmark_runs_here_through_the_stand_in(head_dim_32, tmp_path):
@@ -277,3 +283,62 @@ def test_the_greedy_step_benchmark_runs_here_through_the_stand_in(head_dim_32, t
     assert set(report["summary"]) == {"plain", "compiled", "compiled+kernel", "mlx_lm"}
     assert all(r[a]["tok_s"] > 0 and r[a]["spread"] >= 0 for r in report["rows"] for a in report["summary"])
     assert all(r["plain"]["over_plain"] == 1.0 for r in report["rows"])
+
+
+def test_the_probe_times_plain_decoding_stepped_plainly_and_compiled_through_the_kernel(head_dim_32, tmp_path, monkeypatch):
+    """lab/kernel_probe.measure_greedy_step: the stand-in passes the check at the target's head
+    layout, plain decoding is timed both ways, the verdict says which was faster and the target is
+    left unrouted; without a tokenizer nothing is timed and the kernel stays off; a stored verdict
+    is reused."""
+    from dspark_lab import load_target
+    from dspark_lab.db import open_db
+    from dspark_lab.lab import kernel_probe
+
+    target, tok = load_target(head_dim_32, dtype="bfloat16")
+    stand_in = Counting()
+    v = kernel_probe.measure_greedy_step(target, stand_in, tokenizer=tok, loop_tokens=12, loop_passes=1)
+    assert v.available and v.exact and v.checked == len(kernel_probe.ATTENTION_OFFSETS), v.reason
+    assert v.loop_reference_ms > 0 and v.loop_kernel_ms > 0 and "compiled plain decoding" in v.reason
+    assert v.use == (v.loop_kernel_ms <= (1 - kernel_probe.MARGIN) * v.loop_reference_ms)
+    assert target.attention_route is None
+    assert any(s[2] == 1 for s in stand_in.shapes[len(kernel_probe.ATTENTION_OFFSETS):])  # it decoded through it
+    unchecked = kernel_probe.measure_greedy_step(target, stand_in)
+    assert not unchecked.use and "not timed" in unchecked.reason
+    db = open_db(tmp_path / "probe.duckdb")
+    calls = []
+    monkeypatch.setattr(kernel_probe, "measure_greedy_step", lambda *a, **k: calls.append(1) or v)
+    first = kernel_probe.choose_greedy_step(target, tokenizer=tok, db=db, candidate=stand_in, model_id="m")
+    again = kernel_probe.choose_greedy_step(target, tokenizer=tok, db=db, candidate=stand_in, model_id="m")
+    assert calls == [1] and not first.reused and again.reused and again.use == v.use
+    db.dispose()
+
+
+def test_the_cli_steps_plain_decoding_through_the_kernel_as_asked_or_probed(head_dim_32, tmp_path, monkeypatch):
+    """`generate --mode baseline`: off CUDA --attention-kernel says the kernel needs CUDA and how to
+    go on, and nothing is probed without it; on CUDA (the kernel stood in for) the probe runs once,
+    says its verdict, a second run reads it from --db, and --attention-kernel decodes the plain
+    step's tokens through compiled steps."""
+    from typer.testing import CliRunner
+
+    import dspark_lab.engine.attention_kernel as ak
+    import dspark_lab.engine.kernels as kernels
+    from dspark_lab.cli import app
+
+    args = ["generate", "-m", str(head_dim_32), "--mode", "baseline", "-p", "hi", "-n", "6", "--no-chat-template",
+            "--dtype", "bfloat16", "--db", str(tmp_path / "r.duckdb")]
+    if not attention_kernel.cuda_available():
+        plain = CliRunner().invoke(app, args)
+        assert plain.exit_code == 0 and "--attention-kernel" not in plain.output, plain.output
+        no_cuda = CliRunner().invoke(app, args + ["--attention-kernel"])
+        assert no_cuda.exit_code != 0 and "CUDA" in no_cuda.output and "Leave --attention-kernel off" in no_cuda.output
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(ak, "rows_attention", lambda: attention_kernel.reference_rows_attention)
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "--attention-kernel: rows_attention kernel" in first.output and "measured" in first.output
+    second = CliRunner().invoke(app, args)
+    assert second.exit_code == 0 and "stored" in second.output, second.output
+    forced = CliRunner().invoke(app, args + ["--attention-kernel"])
+    unforced = CliRunner().invoke(app, args + ["--no-attention-kernel"])
+    assert forced.exit_code == 0 and unforced.exit_code == 0
+    assert forced.stdout.splitlines()[0] == unforced.stdout.splitlines()[0]  # the same text decoded

@@ -117,16 +117,36 @@ def greedy_generate(
     stop: Sequence[str] | str | None = None,
     on_text: Callable[[str], None] | None = None,
     apply_chat_template: bool = True,
+    compiled_step: bool = False,
 ) -> GenResult:
     """Plain one-token-per-forward decoding, pipelined: step t+1 is scheduled on the device
-    (`mx.async_eval`) before the host reads token t, so the host never leaves the GPU idle."""
+    (`mx.async_eval`) before the host reads token t, so the host never leaves the GPU idle.
+
+    `compiled_step`: each one-token step replays the target's compiled array-offset forward
+    (Target.forward_at's trace, its one-row attention through the target's attention route where
+    one is set: Target.route_attention) instead of building the step's graph op by op. With
+    engine/attention_kernel.py routed, on an H100 that decoded 1.07-1.10x faster than the plain
+    step; compiled with MLX's own attention (its unfused one-row path over a masked buffer), 0.83-0.85x
+    (docs/performance.md, forty-first round). Models whose caches are not plain KV caches step
+    plainly."""
     params, prompt_ids = _setup(target, tokenizer, prompt, max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template)
     stream = TextStream(tokenizer, stop, on_text)
     clock = _Clock()
     cache = target.make_cache()
+    compiled_step = compiled_step and target.can_pipeline(cache)
+    bound = len(prompt_ids) + max_new_tokens + 1  # the buffers' size: every step's position lies below it
+    offset = None  # compiled_step: where the next token's keys and values go, on the device
 
     def step(ids, last_only=False):
-        return pick_token(target.forward(ids, cache, last_only=last_only).logits[-1], params)
+        nonlocal offset
+        if compiled_step and offset is not None:
+            logits = target.forward_at(ids, cache, offset, capacity=bound).logits
+            offset = offset + 1
+            return pick_token(logits[-1], params)
+        out = target.forward(ids, cache, last_only=last_only)
+        if compiled_step:  # after the prefill, the host's offset is where the device's starts
+            offset = mx.array(cache[0].offset, dtype=mx.int32)
+        return pick_token(out.logits[-1], params)
 
     y = step(mx.array(prompt_ids, dtype=mx.uint32), last_only=True)
     mx.async_eval(y)

@@ -402,7 +402,7 @@ def _attention_exactness(model, candidate) -> tuple[int, str | None]:
         k[:, :, offset + 1:] = 100.0  # past the row: seen, it would take every weight
         why = supports(q, k, v)
         if why is not None:
-            return compared, f"the draft model's attention is not one the kernel takes ({why})"
+            return compared, f"the model's attention is not one the kernel takes ({why})"
         at = mx.array(offset, dtype=mx.int32)
         got = candidate(q, k, v, at, scale).astype(mx.float32)
         ref = reference_rows_attention(q, k, v, at, scale).astype(mx.float32)
@@ -474,3 +474,61 @@ def choose_attention_kernel(draft_model, *, db=None, reprobe: bool = False, cand
                "stage": "loop" if loop is not None else "check"}
     return _stored_or_measured("attention_kernel", options, model_id, db, reprobe,
                                lambda: measure_attention_kernel(draft_model, candidate, loop=loop))
+
+
+# --- plain decoding's one-row step, compiled, its attention through the kernel ---------------------
+
+def _greedy_step_ms(target, tokenizer, candidate, *, tokens: int, passes: int) -> tuple[float, float, None]:
+    """(ms a token stepping plainly, ms a token with compiled steps whose attention goes through the
+    candidate, None): greedy decoding of a built-in code prompt both ways, alternately, a warm-up
+    run after each switch (routing drops the compiled traces). Their tokens may part where two
+    logits tie within a bfloat16 step (the kernel sums attention in float32, MLX's one-row kernel
+    does not), both the model's argmax, so that is no failure; the kernel's own check came first.
+    Leaves the target's attention unrouted."""
+    from ..engine.generate import greedy_generate
+    from ..engine.text import encode_prompt
+    from .prompts import load_prompt_set
+
+    ids = encode_prompt(tokenizer, load_prompt_set("code", limit=1).prompts[0].as_input())
+    times = {"mlx": [], "kernel": []}
+    try:
+        for _ in range(passes):
+            for name in times:
+                routed = name == "kernel"
+                target.route_attention(candidate if routed else None)
+                greedy_generate(target, tokenizer, ids, max_new_tokens=tokens, compiled_step=routed)  # warm-up
+                r = greedy_generate(target, tokenizer, ids, max_new_tokens=tokens, compiled_step=routed)
+                times[name].append(1000 / max(r.decode_tokens_per_sec, 1e-9))
+    finally:
+        target.route_attention(None)
+    return statistics.median(times["mlx"]), statistics.median(times["kernel"]), None
+
+
+def measure_greedy_step(target, candidate: Callable | None = None, *, tokenizer=None, loop_tokens: int = 96,
+                        loop_passes: int = 2) -> KernelVerdict:
+    """Check the one-row attention kernel (or `candidate`) at the target's head layout; with a
+    `tokenizer`, time plain decoding stepping plainly against compiled steps through it
+    (greedy_generate(compiled_step=True) with the target's attention routed), which decides.
+    Leaves the target unrouted."""
+    from ..engine.attention_kernel import rows_attention
+
+    name = "rows_attention"
+    try:
+        candidate, checked = _checked_candidate(name, candidate, rows_attention, lambda c: _attention_exactness(target, c))
+    except _Refused as refused:
+        return refused.verdict
+    reason = f"within a bfloat16 step of the float32 reference on {checked} one-row attentions"
+    timed = None if tokenizer is None else (
+        lambda: _greedy_step_ms(target, tokenizer, candidate, tokens=loop_tokens, passes=loop_passes))
+    return _decided_by_loop(KernelVerdict(name, False, reason, exact=True, checked=checked), "compiled plain decoding", "", timed)
+
+
+def choose_greedy_step(target, *, tokenizer=None, db=None, reprobe: bool = False, candidate: Callable | None = None,
+                       model_id: str = "") -> KernelVerdict:
+    """The stored verdict for plain decoding's compiled one-row step through the attention kernel on
+    this machine and model (`model_id`), else a fresh probe (measure_greedy_step), stored when `db`
+    is given."""
+    options = {"offsets": list(ATTENTION_OFFSETS), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
+               "stage": "loop" if tokenizer is not None else "check"}
+    return _stored_or_measured("greedy_step", options, model_id, db, reprobe,
+                               lambda: measure_greedy_step(target, candidate, tokenizer=tokenizer))
