@@ -25,33 +25,17 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from dspark_lab import greedy_generate, load_target  # noqa: E402
+from dspark_lab.engine import greedy_generate, load_target, mlx_lm_generate  # noqa: E402
 from dspark_lab.engine import attention_kernel  # noqa: E402
 from dspark_lab.engine.kernels import cuda_available  # noqa: E402
 from dspark_lab.engine.text import encode_prompt  # noqa: E402
 from dspark_lab.lab.prompts import load_prompt_sets  # noqa: E402
-
-
-def mlx_lm_rate(target, tok, ids, max_tokens: int) -> tuple[list[int], float]:
-    """mlx-lm's stream_generate, timed as our arms are: tokens after the first over the time after it."""
-    from mlx_lm.generate import stream_generate
-
-    first, tokens = None, []
-    for resp in stream_generate(target.model, tok, ids, max_tokens=max_tokens):
-        if first is None:
-            first = time.perf_counter()
-        tokens.append(resp.token)
-    end = time.perf_counter()
-    eos = set(tok.eos_token_ids)
-    tokens = [t for t in tokens if t not in eos]
-    return tokens, (len(tokens) - 1) / max(end - first, 1e-9)
 
 
 def load_arms(model: str) -> dict:
@@ -79,10 +63,10 @@ def main(argv=None) -> dict:
     tok = arms["plain"][1]
 
     def run(name: str, ids) -> tuple[list[int], float]:
-        if name == "mlx_lm":
-            return mlx_lm_rate(arms["plain"][0], tok, ids, args.max_new_tokens)
-        target, _ = arms[name]
-        r = greedy_generate(target, tok, ids, max_new_tokens=args.max_new_tokens, compiled_step=name != "plain")
+        if name == "mlx_lm":  # mlx-lm's stream_generate on the plain copy, timed as our arms are
+            r = mlx_lm_generate(arms["plain"][0], tok, ids, max_new_tokens=args.max_new_tokens)
+        else:
+            r = greedy_generate(arms[name][0], tok, ids, max_new_tokens=args.max_new_tokens, compiled_step=name != "plain")
         return r.token_ids, r.decode_tokens_per_sec
 
     names = [*arms, *([] if args.no_mlx_lm else ["mlx_lm"])]

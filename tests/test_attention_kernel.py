@@ -194,8 +194,6 @@ def test_the_cli_probes_the_attention_kernel_by_default_in_draft_pipe_on_cuda(ti
     run reads it from --db."""
     from typer.testing import CliRunner
 
-    import dspark_lab.engine.attention_kernel as ak
-    import dspark_lab.engine.kernels as kernels
     from dspark_lab.cli import app
 
     args = ["generate", "-m", str(head_dim_32), "--draft-model", str(head_dim_32), "--mode", "draft-pipe", "-p", "hi",
@@ -203,6 +201,18 @@ def test_the_cli_probes_the_attention_kernel_by_default_in_draft_pipe_on_cuda(ti
     if not attention_kernel.cuda_available():
         plain = CliRunner().invoke(app, args)
         assert plain.exit_code == 0 and "--attention-kernel" not in plain.output, plain.output
+    _probed_once_then_stored(args, monkeypatch)
+
+
+def _probed_once_then_stored(args: list[str], monkeypatch) -> None:
+    """On CUDA (the kernel stood in for by its float32 reference), `args` runs the attention probe
+    once and says its verdict; run again, it reads the verdict from --db."""
+    from typer.testing import CliRunner
+
+    import dspark_lab.engine.attention_kernel as ak
+    import dspark_lab.engine.kernels as kernels
+    from dspark_lab.cli import app
+
     monkeypatch.setattr(kernels, "cuda_available", lambda: True)
     monkeypatch.setattr(ak, "rows_attention", lambda: attention_kernel.reference_rows_attention)
     first = CliRunner().invoke(app, args)
@@ -320,8 +330,6 @@ def test_the_cli_steps_plain_decoding_through_the_kernel_as_asked_or_probed(head
     step's tokens through compiled steps."""
     from typer.testing import CliRunner
 
-    import dspark_lab.engine.attention_kernel as ak
-    import dspark_lab.engine.kernels as kernels
     from dspark_lab.cli import app
 
     args = ["generate", "-m", str(head_dim_32), "--mode", "baseline", "-p", "hi", "-n", "6", "--no-chat-template",
@@ -331,13 +339,7 @@ def test_the_cli_steps_plain_decoding_through_the_kernel_as_asked_or_probed(head
         assert plain.exit_code == 0 and "--attention-kernel" not in plain.output, plain.output
         no_cuda = CliRunner().invoke(app, args + ["--attention-kernel"])
         assert no_cuda.exit_code != 0 and "CUDA" in no_cuda.output and "Leave --attention-kernel off" in no_cuda.output
-    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
-    monkeypatch.setattr(ak, "rows_attention", lambda: attention_kernel.reference_rows_attention)
-    first = CliRunner().invoke(app, args)
-    assert first.exit_code == 0, first.output
-    assert "--attention-kernel: rows_attention kernel" in first.output and "measured" in first.output
-    second = CliRunner().invoke(app, args)
-    assert second.exit_code == 0 and "stored" in second.output, second.output
+    _probed_once_then_stored(args, monkeypatch)
     forced = CliRunner().invoke(app, args + ["--attention-kernel"])
     unforced = CliRunner().invoke(app, args + ["--no-attention-kernel"])
     assert forced.exit_code == 0 and unforced.exit_code == 0

@@ -5,8 +5,9 @@ tree's verify its nodes + 1. On MLX's CUDA backend a 4-bit product of fewer than
 matrix-vector kernel that reads the weights again for every row (the 0.5B's vocabulary
 projection: 87 us at one row, 566 at 7 on an H100); from 8 rows its tensor-core kernel reads them
 once. This kernel reads each weight once for all of 1-32 rows. Measured (docs/performance.md,
-thirty-eighth round), it beats MLX's only where MLX re-reads a large matrix (its launch costs about
-5 us more than MLX's), so the engine routes only there (worth_routing).
+thirty-eighth and forty-first rounds), it beats MLX's only where MLX re-reads a large matrix (a call
+costs about 2.5 us more than one of MLX's in a compiled forward, 10 us more built from Python,
+whatever the layer), so the engine routes only there (worth_routing).
 
 How: one thread block per C output columns; its warps split the K dimension, each lane takes
 every 32nd packed word of its share, dequantizes the word's 8 (4-bit) or 4 (8-bit) weights once
@@ -41,7 +42,8 @@ MAX_ROWS = 32  # the most rows the kernel takes (a tree's verify); more is a pre
 # of MLX's (9.5 against 4.5 us for a small layer, whatever the rows), so it pays only where MLX's
 # re-reads cost more: the vocabulary projection from 2 rows (7 rows: 128 against 566 us, the
 # DSpark draft's projection at cap 7), an MLP matrix from 4 rows (7 rows: 13 against 22 us), never
-# a small attention matrix (a one-row forward ran 0.90x through the kernel).
+# a small attention matrix (a one-row forward ran 0.90x through the kernel). Compiled, as a forward
+# replays them, a call of this kernel costs about 2.5 us more than one of MLX's (forty-first round).
 QMV_ROWS = range(2, 8)  # the widths MLX serves with its per-row matrix-vector kernel
 MIN_WEIGHT_ROWS = 12_000_000  # weights x rows below which MLX's re-reads cost less than this kernel's launch
 
@@ -67,7 +69,9 @@ def with_verifies(rows: int, weights: int) -> bool:
 
 def multi_row(rows: int, weights: int) -> bool:
     """A candidate policy: every product of 2 or more rows (a verify's, a draft's), never a one-row
-    decode step's, whatever the layer's size (benchmarks/rows_kernel.py --copies)."""
+    decode step's, whatever the layer's size (benchmarks/rows_kernel.py --copies). On an H100 it
+    made the 0.5B's compiled forward slower at every width (forty-first round): each small layer
+    pays the kernel's extra 2.5 us a call."""
     return rows >= 2
 
 
@@ -103,8 +107,9 @@ __device__ __forceinline__ void dspark_load_x<4>(const __nv_bfloat16* p, float* 
 
 # Template: M rows, C columns a block, BITS (4 or 8), GROUP (the quantization group), KSPLIT warps
 # a block (each a share of K). Inputs: x (M, K) bfloat16, row-contiguous; w (N, K * BITS / 32)
-# uint32; scales and biases (N, K / GROUP) bfloat16. Output: out (M, N) bfloat16.
-_SOURCE = """
+# uint32; scales and biases (N, K / GROUP) bfloat16. Output: out (M, N) bfloat16. A kernel body is
+# _OPENING, a layout's loop over its share of K into acc, and _CLOSING (the fixed-order reduction).
+_OPENING = """
     constexpr int PER_WORD = 32 / BITS;
     constexpr unsigned MASK = (1u << BITS) - 1u;
     const int K = x_shape[1];
@@ -122,6 +127,32 @@ _SOURCE = """
         #pragma unroll
         for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
     }
+"""
+
+_CLOSING = """
+    #pragma unroll
+    for (int c = 0; c < C; ++c) {
+        #pragma unroll
+        for (int m = 0; m < M; ++m) {
+            float v = acc[c][m];
+            #pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == 0) part[warp][c * M + m] = v;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < C * M; i += blockDim.x) {  // a block of one warp has fewer threads than outputs
+        const int c = i / M;
+        const int m = i % M;
+        float sum = part[0][i];
+        #pragma unroll
+        for (int k = 1; k < KSPLIT; ++k) sum += part[k][i];
+        if (col0 + c < N) out[(size_t)m * N + col0 + c] = __float2bfloat16(sum);
+    }
+"""
+
+# The word layout: each lane takes every 32 * KSPLIT-th packed word of its columns, one at a time.
+_SOURCE = _OPENING + """
     for (int word = warp * 32 + lane; word < words; word += 32 * KSPLIT) {
         const int g = (word * PER_WORD) / GROUP;
         float wv[C][PER_WORD];
@@ -145,54 +176,21 @@ _SOURCE = """
             }
         }
     }
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            float v = acc[c][m];
-            #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == 0) part[warp][c * M + m] = v;
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < C * M; i += blockDim.x) {  // a block of one warp has fewer threads than outputs
-        const int c = i / M;
-        const int m = i % M;
-        float sum = part[0][i];
-        #pragma unroll
-        for (int k = 1; k < KSPLIT; ++k) sum += part[k][i];
-        if (col0 + c < N) out[(size_t)m * N + col0 + c] = __float2bfloat16(sum);
-    }
-"""
+""" + _CLOSING
 
-# The same product with 16-byte weight loads (a candidate layout, benchmarks/rows_kernel.py --layouts):
+# The same product with 16-byte weight loads (a candidate layout, benchmarks/rows_kernel.py --copies P:wide):
 # each lane takes CHUNK = 4 consecutive packed words of a column (32 weights at 4 bits) in one load,
 # and the warps split K so that a lane takes as few chunks as can be (a K of 896 at 4 bits: 28 chunks,
 # one warp, one load each). Why: the layout above is latency-bound on the small layers a verify runs
 # (a lane walks 3-4 words of K one dependent load after another, 4 bytes a load) and draws about a
 # quarter of the memory bandwidth on the vocabulary projection; here every lane has its whole share
 # of the weights in flight at once. Each output's sum still runs in an order fixed by K alone.
-_SOURCE_WIDE = """
-    constexpr int PER_WORD = 32 / BITS;
+# Measured on an H100 (forty-first round), compiled: the vocabulary projection at 1 and 2 rows 60.5
+# and 71.3 us against the word layout's 82.6 and 78.0; elsewhere within 1-2 us of it, slower from 8
+# rows; in decoding no difference outside the noise. The engine keeps the word layout.
+_SOURCE_WIDE = _OPENING + """
     constexpr int CHUNK = 4;  // packed words a lane loads at once (16 bytes)
-    constexpr unsigned MASK = (1u << BITS) - 1u;
-    const int K = x_shape[1];
-    const int N = w_shape[0];
-    const int words = K / PER_WORD;
     const int chunks = words / CHUNK;
-    const int groups = K / GROUP;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int col0 = blockIdx.x * C;
-    __shared__ float part[KSPLIT][C * M];
-
-    float acc[C][M];
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        #pragma unroll
-        for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
-    }
     for (int chunk = warp * 32 + lane; chunk < chunks; chunk += 32 * KSPLIT) {
         uint4 q[C];
         #pragma unroll
@@ -226,26 +224,7 @@ _SOURCE_WIDE = """
             }
         }
     }
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            float v = acc[c][m];
-            #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == 0) part[warp][c * M + m] = v;
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < C * M; i += blockDim.x) {
-        const int c = i / M;
-        const int m = i % M;
-        float sum = part[0][i];
-        #pragma unroll
-        for (int k = 1; k < KSPLIT; ++k) sum += part[k][i];
-        if (col0 + c < N) out[(size_t)m * N + col0 + c] = __float2bfloat16(sum);
-    }
-"""
+""" + _CLOSING
 
 _built: dict[str, object] = {}
 

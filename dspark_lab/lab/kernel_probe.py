@@ -19,6 +19,12 @@ bfloat16 step of the float32 product on every quantized layer shape of the targe
 bit-equal to the same row computed alone (so a verify's rows are what a one-row step computes);
 then, given a head, the pipelined loop routed through it must give the greedy tokens routed
 through it, and decides by its time against the loop through MLX's products.
+
+The one-row attention kernel (engine/attention_kernel.py) is checked against its float32 reference
+at a model's head layout, then timed where it runs: draft-pipe with the draft model's one-row steps
+through it (choose_attention_kernel), or plain decoding's compiled one-row step through it against
+the plain step (choose_greedy_step; their tokens may part at a bfloat16 near-tie, both the model's
+argmax).
 """
 
 from __future__ import annotations
@@ -453,17 +459,26 @@ def measure_attention_kernel(draft_model, candidate: Callable | None = None, *, 
     time draft-pipe through it and through MLX's attention, which decides. The draft model's
     attention changes only what it drafts, never the tokens decoded (the target verifies them), so
     exactness here is the kernel's own correctness. Leaves the draft model unrouted."""
+    timed = None if loop is None else (
+        lambda kernel: _draft_pipe_ms(loop[0], draft_model, loop[1], kernel, tokens=loop_tokens, passes=loop_passes))
+    return _attention_verdict(draft_model, candidate, "draft-pipe", timed)
+
+
+def _attention_verdict(model, candidate: Callable | None, loop_name: str,
+                       timed: Callable[[Callable], tuple[float, float, str | None]] | None) -> KernelVerdict:
+    """The one-row attention kernel (or `candidate`) checked at `model`'s head layout, then, given
+    `timed(kernel)` -> (ms a token through MLX's attention, through the kernel, a failure or None),
+    decided by the loop `loop_name` it times."""
     from ..engine.attention_kernel import rows_attention
 
     name = "rows_attention"
     try:
-        candidate, checked = _checked_candidate(name, candidate, rows_attention, lambda c: _attention_exactness(draft_model, c))
+        candidate, checked = _checked_candidate(name, candidate, rows_attention, lambda c: _attention_exactness(model, c))
     except _Refused as refused:
         return refused.verdict
     reason = f"within a bfloat16 step of the float32 reference on {checked} one-row attentions"
-    timed = None if loop is None else (
-        lambda: _draft_pipe_ms(loop[0], draft_model, loop[1], candidate, tokens=loop_tokens, passes=loop_passes))
-    return _decided_by_loop(KernelVerdict(name, False, reason, exact=True, checked=checked), "draft-pipe", "", timed)
+    return _decided_by_loop(KernelVerdict(name, False, reason, exact=True, checked=checked), loop_name, "",
+                            None if timed is None else (lambda: timed(candidate)))
 
 
 def choose_attention_kernel(draft_model, *, db=None, reprobe: bool = False, candidate: Callable | None = None,
@@ -510,17 +525,9 @@ def measure_greedy_step(target, candidate: Callable | None = None, *, tokenizer=
     `tokenizer`, time plain decoding stepping plainly against compiled steps through it
     (greedy_generate(compiled_step=True) with the target's attention routed), which decides.
     Leaves the target unrouted."""
-    from ..engine.attention_kernel import rows_attention
-
-    name = "rows_attention"
-    try:
-        candidate, checked = _checked_candidate(name, candidate, rows_attention, lambda c: _attention_exactness(target, c))
-    except _Refused as refused:
-        return refused.verdict
-    reason = f"within a bfloat16 step of the float32 reference on {checked} one-row attentions"
     timed = None if tokenizer is None else (
-        lambda: _greedy_step_ms(target, tokenizer, candidate, tokens=loop_tokens, passes=loop_passes))
-    return _decided_by_loop(KernelVerdict(name, False, reason, exact=True, checked=checked), "compiled plain decoding", "", timed)
+        lambda kernel: _greedy_step_ms(target, tokenizer, kernel, tokens=loop_tokens, passes=loop_passes))
+    return _attention_verdict(target, candidate, "compiled plain decoding", timed)
 
 
 def choose_greedy_step(target, *, tokenizer=None, db=None, reprobe: bool = False, candidate: Callable | None = None,
