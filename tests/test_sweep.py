@@ -574,6 +574,45 @@ def test_mlx_lm_reference_arm_runs_beside_the_baseline(tiny_dirs, tmp_path):
     assert len(ref) == 1 and ref[0]["speedup"] > 0 and ref[0]["lossless_trials"] == 2
 
 
+def test_compiled_step_reference_arm_runs_beside_the_baseline(tiny_dirs, tmp_path, monkeypatch):
+    """--modes compiled-step: our plain decoding through compiled one-row steps on every prompt,
+    the baseline's tokens, its speedup its rate over the plain step's; no cap, never a registry
+    entry. On CUDA (the kernel stood in for) its attention goes through the kernel once the
+    kernel's check passes, the check noted in the run's config."""
+    import dspark_lab.engine.attention_kernel as ak
+    import dspark_lab.engine.kernels as kernels
+    from dspark_lab.db.queries import summary
+    from dspark_lab.lab.kernel_probe import ATTENTION_OFFSETS
+    from dspark_lab.lab.sweep import NON_DRAFTING_MODES
+
+    assert "compiled-step" in NON_DRAFTING_MODES
+    db = tmp_path / "step.duckdb"
+    cfg = SweepConfig(models=[str(tiny_dirs["qwen3"])], modes=["baseline", "compiled-step"], caps=["2"], prompt_sets=["code"],
+                      trials=1, max_new_tokens=8, prompt_limit=2)
+    run_sweep(cfg, db, progress=False)
+    assert rows(db, "select count(*), count(*) filter (where lossless), min(cap) from trials where mode = 'compiled-step'")[0] == (2, 2, "0")
+    engine = open_db(db)
+    step = summary(engine).filter(summary(engine)["mode"] == "compiled-step").to_dicts()
+    engine.dispose()
+    assert len(step) == 1 and step[0]["speedup"] > 0
+    assert "step_attention_checked" not in json.loads(rows(db, "select config from runs")[0][0])  # no CUDA here
+    from dspark_lab.tiny import build_tiny_model
+
+    calls = []
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(ak, "rows_attention", lambda: lambda *a: calls.append(1) or ak.reference_rows_attention(*a))
+    for model, dtype, takes in ((tiny_dirs["qwen3"], None, False),  # head dim 16: not one the kernel takes
+                                (build_tiny_model(tmp_path / "hd32", "qwen3", seed=3, head_dim=32), "bfloat16", True)):
+        calls.clear()
+        db2 = tmp_path / f"step_{takes}.duckdb"
+        run_sweep(SweepConfig(models=[str(model)], modes=["baseline", "compiled-step"], caps=["2"], prompt_sets=["code"],
+                              trials=1, max_new_tokens=8, prompt_limit=2, dtype=dtype), db2, progress=False)
+        checked = json.loads(rows(db2, "select config from runs")[0][0])["step_attention_checked"][str(model)]
+        assert checked["exact"] == takes, checked["reason"]
+        assert rows(db2, "select count(*) filter (where lossless or mismatch_tie) from trials where mode = 'compiled-step'")[0] == (2,)
+        assert len(calls) > len(ATTENTION_OFFSETS) if takes else not calls  # decoded through it where its check passed
+
+
 def test_every_trial_is_put_against_the_bandwidth_limit(tiny_dirs, tmp_path):
     """A run measures its copy bandwidth and each model's bytes a step reads, so every trial has
     its plain-decoding limit and every summary row its share of it (issue #10); a run that never

@@ -30,10 +30,16 @@ from ..engine.names import AS_LOADED, DEQUANTIZED, ROWS_KERNEL, split_variant
 from ..errors import DsparkError, InputError, LoadError
 from ..schemas.records import Run, Trial, utcnow
 
-MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dspark-tree", "dspark-tree-pipe", "dflash", "draft", "draft-pipe", "mlx-lm")
+MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dspark-tree", "dspark-tree-pipe", "dflash", "draft", "draft-pipe", "mlx-lm",
+         "compiled-step")
 # mlx-lm: mlx-lm's own decoder on the same model (engine/reference.py), one trial per prompt beside
 # the baseline: its "speedup" is mlx-lm's rate over our greedy's, measured side by side.
-REFERENCE_MODES = ("mlx-lm",)
+# compiled-step: our plain decoding with each one-row step a compiled replay
+# (greedy_generate(compiled_step=True)), its attention through engine/attention_kernel.py on CUDA
+# where the kernel passes its check at the model's head layout: what `generate --mode baseline
+# --attention-kernel` runs, beside the plain step the baseline keeps (1.07-1.10x it on an H100,
+# docs/performance.md, forty-first round).
+REFERENCE_MODES = ("mlx-lm", "compiled-step")
 # The arms that decode one token a forward and draft nothing: no cap, no acceptance, never a
 # registry entry or a drafting chart's series.
 NON_DRAFTING_MODES = ("baseline", *REFERENCE_MODES)
@@ -444,6 +450,8 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
         _note_chosen(engine, run_id, "launch_every_chosen", model_id, verdict.to_dict())
     else:
         target.launch_every = cfg.launch_every
+    if "compiled-step" in cfg.modes:
+        _route_step_attention(target, engine, run_id, model_id, say)
     drafters = {}  # (mode, drafter id) -> loaded head
     loaders = {"dspark": load_dspark, "dspark-pipe": load_dspark, "dspark-tree": load_dspark, "dspark-tree-pipe": load_dspark,
                "dflash": load_dflash}
@@ -507,6 +515,8 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
             r = greedy_generate(target, tok, prompt_input, max_new_tokens=max_new)
         elif arm.mode == "mlx-lm":
             r = mlx_lm_generate(target, tok, prompt_input, max_new_tokens=max_new)
+        elif arm.mode == "compiled-step":
+            r = greedy_generate(target, tok, prompt_input, max_new_tokens=max_new, compiled_step=True)
         elif arm.mode == "lookup":
             r = lookup_generate(target, tok, prompt_input, max_new_tokens=max_new, max_draft_tokens=cap or 8, cap_controller=ctrl)
         elif arm.mode in DRAFT_MODES:
@@ -543,6 +553,25 @@ def _note_chosen(engine, run_id: str, what: str, key: str, verdict: dict) -> Non
         run.config = json.dumps(config)
         s.add(run)
         s.commit()
+
+
+def _route_step_attention(target, engine, run_id: str, model_id: str, say) -> None:
+    """For the compiled-step arm, on CUDA: the target's one-row array-offset attention through
+    engine/attention_kernel.py where the kernel passes its check at the model's head layout (the arm
+    itself times it, beside the baseline); the check goes in the run's config. Other arms run a
+    one-row forward at an array offset only where a pipelined loop's cap is 0."""
+    from ..engine.kernels import cuda_available
+
+    if not cuda_available():
+        return
+    from ..engine import attention_kernel
+    from .kernel_probe import measure_greedy_step
+
+    verdict = measure_greedy_step(target)  # the check alone: the sweep's own arms do the timing
+    say(f"{model_id}: the compiled-step arm's attention through {'the kernel' if verdict.exact else 'MLX'}: {verdict.reason}")
+    if verdict.exact:
+        target.route_attention(attention_kernel.rows_attention())
+    _note_chosen(engine, run_id, "step_attention_checked", model_id, verdict.to_dict())
 
 
 def _route_draft_attention(drafter, target, tok, engine, run_id: str, pair: str, say) -> None:
