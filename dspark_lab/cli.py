@@ -623,6 +623,7 @@ def benchmark(
     precisions: PrecisionsOpt = "as-loaded",
     interleave_precisions: InterleaveOpt = True,
     mlx_lm: Annotated[bool, typer.Option("--mlx-lm/--no-mlx-lm", help="Also time mlx-lm's own decoder on the same model and prompts: its row's speedup is mlx-lm over our greedy.")] = True,
+    compiled_step: Annotated[bool, typer.Option("--compiled-step/--no-compiled-step", help="Also time our plain decoding through compiled one-row steps (sweep mode compiled-step; their attention through dspark-lab's kernel on CUDA where it passes its check): its row's speedup is that step over the plain one.")] = False,
     tree_nodes: Annotated[int, typer.Option(help="Also measure the DSpark head drafting trees of this many drafts (modes dspark-tree and dspark-tree-pipe, at the fixed caps; 0: not).")] = 0,
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
@@ -638,6 +639,8 @@ def benchmark(
         modes.append("lookup")
     if mlx_lm:
         modes.append("mlx-lm")
+    if compiled_step:
+        modes.append("compiled-step")
     if tree_nodes:
         if "dspark" not in modes:
             raise DsparkError("--tree-nodes needs a DSpark head (--drafter) to draft the trees; drop it or pass one.")

@@ -328,6 +328,14 @@ def test_benchmark_runs_a_dspark_head_in_its_own_modes_only(tiny_dirs, tmp_path)
     assert r.exit_code == 0, r.output
     assert "skipping" not in r.output and "dflash" not in r.output
     assert "dspark-pipe" in r.output and "dspark " in r.output
+    assert "compiled-step" not in r.output
+
+
+def test_benchmark_times_the_compiled_step_beside_the_plain_one_when_asked(tiny_dirs, tmp_path):
+    r = runner.invoke(app, ["benchmark", "-m", str(tiny_dirs["qwen3"]), "--caps", "2", "--trials", "1", "--prompts", "code",
+                            "--prompt-limit", "1", "-n", "4", "--no-mlx-lm", "--compiled-step", "--db", str(tmp_path / "c.duckdb")])
+    assert r.exit_code == 0, r.output
+    assert "compiled-step" in r.output and "lookup" in r.output
 
 
 def test_benchmark_adds_tree_arms_when_asked(tiny_dirs, tmp_path):
