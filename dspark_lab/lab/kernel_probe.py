@@ -128,17 +128,24 @@ def _median_ms(fn, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def _code_prompt_ids(tokenizer) -> list[int]:
+    """The first built-in code prompt, encoded: what the loop timings decode."""
+    from ..engine.text import encode_prompt
+    from .prompts import load_prompt_set
+
+    return encode_prompt(tokenizer, load_prompt_set("code", limit=1).prompts[0].as_input())
+
+
 def _loop_ms(loop, kernel, ns, *, tokens: int, passes: int) -> tuple[float, float | None, str | None]:
     """(ops ms a token, kernel ms a token, difference or None): the pipelined loop with device
     lookup (greedy, cap 4 or the head's most) through the operations and through `kernel`,
     interleaved after a warm-up pass each; decode time only (the prefill is the same for both)."""
     from ..engine.pipeline import pipelined_loop
     from ..engine.sampling import SamplingParams
-    from ..engine.text import TextStream, encode_prompt
-    from .prompts import load_prompt_set
+    from ..engine.text import TextStream
 
     target, drafter, tokenizer = loop
-    ids = encode_prompt(tokenizer, load_prompt_set("code", limit=1).prompts[0].as_input())
+    ids = _code_prompt_ids(tokenizer)
     cap = min(4, drafter.config.max_drafts)
 
     def run(k):
@@ -277,6 +284,23 @@ def _rows_exactness(target, candidate) -> tuple[int, str | None]:
     return compared, None
 
 
+def _timed_both_ways(route: Callable[[bool], None], run: Callable[[bool], object], passes: int) -> tuple[dict, dict]:
+    """({"mlx": [ms a token, one a pass], "kernel": [...]}, {"mlx": the last pass's tokens, "kernel": ...}):
+    each pass routes MLX's way (`route(False)`) then the kernel's (`route(True)`), and after each
+    switch runs `run(routed)` once untimed (routing drops the compiled traces; traces and kernels are
+    built on first use), then once timed. The caller puts its routing back."""
+    times, outputs = {"mlx": [], "kernel": []}, {}
+    for _ in range(passes):
+        for name in times:
+            routed = name == "kernel"
+            route(routed)
+            run(routed)
+            r = run(routed)
+            outputs[name] = r.token_ids
+            times[name].append(1000 / max(r.decode_tokens_per_sec, 1e-9))
+    return times, outputs
+
+
 def _routed_loop_ms(target, drafter, tokenizer, candidate, *, tokens: int, passes: int) -> tuple[float, float, str | None]:
     """(MLX ms a token, routed ms a token, a failure or None): the pipelined loop (greedy, compiled
     draft, the head's depth up to 7) with the target's products through MLX's kernels and through
@@ -289,13 +313,12 @@ def _routed_loop_ms(target, drafter, tokenizer, candidate, *, tokens: int, passe
     from ..engine.pipeline import pipelined_loop
     from ..engine.rows_kernel import every_width
     from ..engine.sampling import SamplingParams
-    from ..engine.text import TextStream, encode_prompt
-    from .prompts import load_prompt_set
+    from ..engine.text import TextStream
 
-    ids = encode_prompt(tokenizer, load_prompt_set("code", limit=1).prompts[0].as_input())
+    ids = _code_prompt_ids(tokenizer)
     cap = min(7, drafter.config.max_drafts)
 
-    def run():
+    def run(_routed=None):
         return pipelined_loop(target, ids, SamplingParams(), drafter, max_new_tokens=tokens, cap=cap,
                               stream=TextStream(tokenizer, None, None), mode="dspark-pipe", compile_draft=True)
 
@@ -303,7 +326,6 @@ def _routed_loop_ms(target, drafter, tokenizer, candidate, *, tokens: int, passe
         target.route_quantized_rows(product, **kw)
         drafter.drop_traces()  # its compiled draft calls the target's lm_head
 
-    times = {"mlx": [], "kernel": []}
     try:
         # Lossless through the kernel's own arithmetic: every width routed, one-row steps too.
         route(candidate, policy=every_width)
@@ -311,12 +333,8 @@ def _routed_loop_ms(target, drafter, tokenizer, candidate, *, tokens: int, passe
         if got != want:
             at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(want), len(got)))
             return 0.0, 0.0, f"routed, the loop's tokens differ from routed greedy decoding's (first at token {at})"
-        for _ in range(passes):  # timed as the engine routes (rows_kernel.worth_routing)
-            for name in times:
-                route(candidate if name == "kernel" else None)
-                run()  # warm-up: traces and kernels are built on first use
-                r = run()
-                times[name].append(1000 / max(r.decode_tokens_per_sec, 1e-9))
+        # Timed as the engine routes (rows_kernel.worth_routing).
+        times, _ = _timed_both_ways(lambda routed: route(candidate if routed else None), run, passes)
     finally:
         target.route_quantized_rows(None)
         drafter.drop_traces()
@@ -426,23 +444,12 @@ def _draft_pipe_ms(target, draft_model, tokenizer, candidate, *, tokens: int, pa
     alternately, a warm-up run after each switch (routing drops the compiled traces). The two
     must give the same tokens (both are the target's greedy tokens; only the drafts may differ)."""
     from ..engine.speculative import draft_model_generate
-    from ..engine.text import encode_prompt
-    from .prompts import load_prompt_set
 
-    ids = encode_prompt(tokenizer, load_prompt_set("code", limit=1).prompts[0].as_input())
-
-    def run():
-        return draft_model_generate(target, tokenizer, draft_model, ids, max_new_tokens=tokens, pipeline=True)
-
-    times, outputs = {"mlx": [], "kernel": []}, {}
+    ids = _code_prompt_ids(tokenizer)
     try:
-        for _ in range(passes):
-            for name in times:
-                draft_model.route_attention(candidate if name == "kernel" else None)
-                run()  # warm-up: traces and kernels are built on first use
-                r = run()
-                outputs[name] = r.token_ids
-                times[name].append(1000 / max(r.decode_tokens_per_sec, 1e-9))
+        times, outputs = _timed_both_ways(
+            lambda routed: draft_model.route_attention(candidate if routed else None),
+            lambda _routed: draft_model_generate(target, tokenizer, draft_model, ids, max_new_tokens=tokens, pipeline=True), passes)
     finally:
         draft_model.route_attention(None)
     if outputs["kernel"] != outputs["mlx"]:
@@ -501,19 +508,12 @@ def _greedy_step_ms(target, tokenizer, candidate, *, tokens: int, passes: int) -
     does not), both the model's argmax, so that is no failure; the kernel's own check came first.
     Leaves the target's attention unrouted."""
     from ..engine.generate import greedy_generate
-    from ..engine.text import encode_prompt
-    from .prompts import load_prompt_set
 
-    ids = encode_prompt(tokenizer, load_prompt_set("code", limit=1).prompts[0].as_input())
-    times = {"mlx": [], "kernel": []}
+    ids = _code_prompt_ids(tokenizer)
     try:
-        for _ in range(passes):
-            for name in times:
-                routed = name == "kernel"
-                target.route_attention(candidate if routed else None)
-                greedy_generate(target, tokenizer, ids, max_new_tokens=tokens, compiled_step=routed)  # warm-up
-                r = greedy_generate(target, tokenizer, ids, max_new_tokens=tokens, compiled_step=routed)
-                times[name].append(1000 / max(r.decode_tokens_per_sec, 1e-9))
+        times, _ = _timed_both_ways(
+            lambda routed: target.route_attention(candidate if routed else None),
+            lambda routed: greedy_generate(target, tokenizer, ids, max_new_tokens=tokens, compiled_step=routed), passes)
     finally:
         target.route_attention(None)
     return statistics.median(times["mlx"]), statistics.median(times["kernel"]), None
