@@ -336,6 +336,7 @@ def load_target(
     taps: Sequence[int] | None = None,
     dequantize: bool = False,
     quantize: int | None = None,
+    fuse_projections: bool = False,
 ):
     """Load a causal LM as a `Target` plus its tokenizer (mlx-lm's TokenizerWrapper).
     A multimodal checkpoint loads through mlx-vlm and runs as its language model (text only).
@@ -351,7 +352,9 @@ def load_target(
     the model's layers at that many bits on load (mlx-lm's quantize_model, groups of 64), a
     quantized model's after dequantizing them: how a benchmark times one model at 4 and 8 bits
     without a second download (the 8-bit copy of a 4-bit file holds values within a quarter of a
-    4-bit step of its own, in twice the bytes). Half-precision
+    4-bit step of its own, in twice the bytes). `fuse_projections` stacks each layer's q/k/v and
+    gate/up projections into one product each (Target.fuse_projections: the same outputs, fewer
+    operations a step). Half-precision
     weights left as they are on MLX's CPU backend give a SlowDtypeWarning that says so."""
     from .target import Target
 
@@ -384,6 +387,8 @@ def load_target(
             model, config = quantize_model(model, config, group_size=64, bits=quantize)
         mx.eval(model.parameters())
     target = Target(model, config, name=str(repo_or_path), kv_bits=kv_bits)
+    if fuse_projections:
+        target.fuse_projections()
     if taps is not None:
         target.check_taps(taps)
         target.probe(taps)

@@ -26,7 +26,7 @@ from typing import Callable
 
 from sqlmodel import Session, select
 
-from ..engine.names import AS_LOADED, DEQUANTIZED, ROWS_KERNEL, split_variant
+from ..engine.names import AS_LOADED, DEQUANTIZED, FUSED, NAMED_PRECISIONS, ROWS_KERNEL, split_variant
 from ..errors import DsparkError, InputError, LoadError
 from ..schemas.records import Run, Trial, utcnow
 
@@ -64,6 +64,8 @@ AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size
 # their own baseline, speedups, cost curves and registry entry. "rows-kernel" keeps the weights as
 # stored and routes their products through engine/rows_kernel.py's CUDA kernel where
 # rows_kernel.worth_routing says so (MODEL@rows-kernel): beside as-loaded, the kernel side by side.
+# "fused" keeps the weights as stored and stacks each layer's q/k/v and gate/up projections into
+# one product each (engine/fused.py, MODEL@fused): the same outputs from fewer operations.
 # The labels, and split_variant that reads one back, live in engine.names: the registry keys targets by them.
 
 
@@ -163,9 +165,9 @@ def check_precision(precision) -> str:
     from ..engine.loading import SUPPORTED_QUANT_BITS
 
     name = str(precision).strip().lower()
-    if name in (AS_LOADED, DEQUANTIZED, ROWS_KERNEL) or (name.isdigit() and int(name) in SUPPORTED_QUANT_BITS):
+    if name == AS_LOADED or name in NAMED_PRECISIONS or (name.isdigit() and int(name) in SUPPORTED_QUANT_BITS):
         return name
-    raise InputError(f"precision {precision!r} is not one of {AS_LOADED}, {DEQUANTIZED}, {ROWS_KERNEL} or weight bits "
+    raise InputError(f"precision {precision!r} is not one of {AS_LOADED}, {', '.join(NAMED_PRECISIONS)} or weight bits "
                      f"({', '.join(map(str, SUPPORTED_QUANT_BITS))}); e.g. --precisions {AS_LOADED},8,{DEQUANTIZED}.")
 
 
@@ -173,7 +175,7 @@ def model_variant(model: str, precision: str) -> str:
     """The model id a precision's trials carry: the model as given, or MODEL@q8 / MODEL@dequantized."""
     if precision == AS_LOADED:
         return model
-    return f"{model}@{precision if precision in (DEQUANTIZED, ROWS_KERNEL) else 'q' + precision}"
+    return f"{model}@{precision if precision in NAMED_PRECISIONS else 'q' + precision}"
 
 
 def load_variant(model_id: str, dtype: str | None = None):
@@ -183,6 +185,8 @@ def load_variant(model_id: str, dtype: str | None = None):
     path, label = split_variant(model_id)
     if label == DEQUANTIZED:
         return load_target(path, dtype=dtype, dequantize=True)
+    if label == FUSED:
+        return load_target(path, dtype=dtype, fuse_projections=True)
     if label == ROWS_KERNEL:
         from ..engine.rows_kernel import has_quantized_layers, quantized_rows_matmul
 

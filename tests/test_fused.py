@@ -1,0 +1,135 @@
+"""Sibling projections stacked into one product (engine/fused.py): the same logits bit for bit
+on MLX's kernels, fewer operations in a step's graph, the same tokens through every decoding
+path, and groups that cannot stack left alone."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+
+from conftest import PROMPTS
+from dspark_lab import greedy_generate, load_target, speculative_generate
+from dspark_lab.engine.drafters.load import load_dspark
+from dspark_lab.engine.fused import FusedPart, fuse_projections, is_fused
+from dspark_lab.engine.rows_kernel import every_width, reference_rows_matmul
+from dspark_lab.lab.sweep import check_precision, load_variant, model_variant
+
+
+def _count_ops(*outputs) -> int:
+    import io
+    import re
+
+    buf = io.StringIO()
+    mx.export_to_dot(buf, *outputs)
+    return len(re.findall(r'shape=rectangle', buf.getvalue()))
+
+
+def _logits_both_ways(plain, fused, ids):
+    """Prefill, a one-row step and an 8-row verify through both copies, on their own caches."""
+    caches = plain.make_cache(), fused.make_cache()
+    out = []
+    for rows in (ids, ids[-1:], ids[-8:]):
+        out.append(tuple(t.forward(mx.array(rows), c).logits for t, c in zip((plain, fused), caches)))
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
+@pytest.mark.parametrize("bits", [None, 4])
+def test_stacked_projections_give_the_same_logits_bit_for_bit(tiny_dirs, family, bits):
+    plain, tok = load_target(tiny_dirs[family], quantize=bits)
+    fused, _ = load_target(tiny_dirs[family], quantize=bits, fuse_projections=True)
+    layers = len(plain.layers)
+    assert is_fused(fused.model) and not is_fused(plain.model)
+    attn, mlp = fused.layers[0].self_attn, fused.layers[0].mlp
+    assert all(isinstance(attn[n], FusedPart) for n in ("q_proj", "k_proj", "v_proj"))
+    assert all(isinstance(mlp[n], FusedPart) for n in ("gate_proj", "up_proj"))
+    assert type(attn["qkv_proj"]) is (nn.Linear if bits is None else nn.QuantizedLinear)
+    # the same weights, held once: the siblings hold none of their own
+    size = lambda t: sum(v.size for _, v in tree_flatten(t.model.parameters()))  # noqa: E731
+    assert size(fused) == size(plain)
+    assert fused.fuse_projections() == 0  # already stacked: nothing more to do
+    for a, b in _logits_both_ways(plain, fused, tok.encode(PROMPTS[0] + " " + PROMPTS[5])):
+        assert mx.array_equal(a, b).item()
+    assert layers == len(fused.layers)
+
+
+def test_a_step_builds_fewer_operations(tiny_dirs):
+    """Qwen2's q, k and v carry biases: three products and three adds become one of each, and the
+    MLP's gate and up one product: five fewer operations a layer in a one-row step."""
+    plain, tok = load_target(tiny_dirs["qwen2"], quantize=4)
+    fused, _ = load_target(tiny_dirs["qwen2"], quantize=4, fuse_projections=True)
+    counts = []
+    for t in (plain, fused):
+        cache = t.make_cache()
+        mx.eval(t.forward(mx.array(tok.encode(PROMPTS[0])), cache).logits)
+        counts.append(_count_ops(t.forward(mx.array([1]), cache).logits))
+    assert counts[0] - counts[1] >= 5 * len(plain.layers)
+
+
+def test_a_sibling_called_alone_or_out_of_order_still_gets_its_own_columns(tiny_dirs):
+    """No call order is assumed: each part is its own layer's product, whichever sibling asks
+    first, twice, or on another input; and nothing is held once every sibling is served."""
+    plain, _ = load_target(tiny_dirs["qwen2"])
+    fused, _ = load_target(tiny_dirs["qwen2"], fuse_projections=True)
+    a, b = plain.layers[1].self_attn, fused.layers[1].self_attn
+    x, y = mx.random.normal((1, 3, plain.hidden_size)), mx.random.normal((1, 2, plain.hidden_size))
+    assert mx.array_equal(b.v_proj(x), a.v_proj(x)).item()
+    assert mx.array_equal(b.k_proj(y), a.k_proj(y)).item()  # another input: computed again
+    assert mx.array_equal(b.k_proj(y), a.k_proj(y)).item()  # the same sibling twice
+    for n in ("q_proj", "k_proj", "v_proj"):
+        assert mx.array_equal(b[n](x), a[n](x)).item()
+    assert b.q_proj._stacked.input is None and b.q_proj._stacked.parts == []
+
+
+def test_layers_that_cannot_stack_are_left_alone():
+    """Different packing (bits) or a class the stacking does not know: the group stays as it is."""
+    class Attn(nn.Module):
+        def __init__(self, k_bits):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (nn.QuantizedLinear(64, 64, bits=b) for b in (4, k_bits, 4))
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = nn.Linear(64, 128), nn.Embedding(64, 128)
+
+    mixed = nn.Sequential(Attn(8), Mlp())
+    assert fuse_projections(mixed) == 0 and not is_fused(mixed)
+    assert fuse_projections(nn.Sequential(Attn(4))) == 1
+
+
+def test_every_decoding_path_through_the_stacked_target_decodes_its_greedy_tokens(tiny_dirs, heads):
+    """Greedy (plain and compiled step), the DSpark loop and the pipelined loop, with the rows
+    kernel's stand-in routed over the stacked layers too: the plain target's greedy tokens."""
+    plain, tok = load_target(tiny_dirs["qwen3"], quantize=4)
+    fused, _ = load_target(tiny_dirs["qwen3"], quantize=4, fuse_projections=True)
+    head = load_dspark(heads["qwen3"], fused)
+    for prompt in PROMPTS[:4] + PROMPTS[14:16]:
+        want = greedy_generate(plain, tok, prompt, max_new_tokens=24).token_ids
+        assert greedy_generate(fused, tok, prompt, max_new_tokens=24).token_ids == want
+        assert greedy_generate(fused, tok, prompt, max_new_tokens=24, compiled_step=True).token_ids == want
+        assert speculative_generate(fused, tok, head, prompt, max_new_tokens=24, max_draft_tokens=4).token_ids == want
+        assert speculative_generate(fused, tok, head, prompt, max_new_tokens=24, max_draft_tokens=4, pipeline=True).token_ids == want
+    assert fused.route_quantized_rows(reference_rows_matmul, policy=every_width) > 0
+    assert isinstance(fused.layers[0].self_attn.q_proj, FusedPart)  # routing keeps the parts, routes the stacked layer
+    head = load_dspark(heads["qwen3"], fused)
+    prompt = PROMPTS[0]
+    want = greedy_generate(plain, tok, prompt, max_new_tokens=24).token_ids
+    assert speculative_generate(fused, tok, head, prompt, max_new_tokens=24, max_draft_tokens=4, pipeline=True).token_ids == want
+
+
+def test_a_routed_target_stacked_afterwards_keeps_its_route(tiny_dirs):
+    target, tok = load_target(tiny_dirs["qwen2"], quantize=4)
+    target.route_quantized_rows(reference_rows_matmul, policy=every_width)
+    assert target.fuse_projections() == 2 * len(target.layers)
+    assert target.rows_routed
+    assert type(target.layers[0].self_attn["qkv_proj"]).__name__ == "QuantizedLinear"  # the routed subclass keeps the name
+    assert type(target.layers[0].self_attn["qkv_proj"]) is not nn.QuantizedLinear
+
+
+def test_the_sweep_runs_a_fused_precision_beside_as_loaded(tiny_dirs):
+    assert check_precision("Fused") == "fused"
+    model_id = model_variant(str(tiny_dirs["qwen2"]), "fused")
+    assert model_id.endswith("@fused")
+    target, _ = load_variant(model_id)
+    assert is_fused(target.model)
