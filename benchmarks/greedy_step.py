@@ -5,11 +5,13 @@ with that attention through engine/attention_kernel.py (Target.route_attention),
 own generation. (The forty-first round ran these arms through Target.compiled, which replays the
 same trace at the cache's host offset.)
 
-    python benchmarks/greedy_step.py --model DIR [--prompts 2] [--max-new-tokens 128] [--repeats 3] [--fused] [--json OUT]
+    python benchmarks/greedy_step.py --model DIR [--prompts 2] [--max-new-tokens 128] [--repeats 3] [--unfused] [--json OUT]
 
---fused adds the plain and the kernel's compiled step with each layer's q/k/v and gate/up
-projections stacked into one product each (engine/fused.py: about 5 fewer operations a layer),
-after checking on this device that their logits are the plain model's bit for bit.
+The arms load as the engine does, each layer's q/k/v and gate/up projections stacked into one
+product each (engine/fused.py: about 5 fewer operations a layer); --unfused adds the plain and the
+kernel's compiled step with each projection its own product, after checking on this device that
+the two give the same logits bit for bit. (The forty-second round ran this before the stacking
+was the default, as --fused: its "plain" arms were unfused, its "fused" arms stacked.)
 
 Why: on an H100 the compiled one-row forward with the attention kernel took 2.79 ms where the
 plain step took 2.95 (docs/performance.md, fortieth round, benchmarks/cuda_graphs.py), and plain
@@ -43,27 +45,29 @@ from dspark_lab.lab.prompts import load_prompt_sets  # noqa: E402
 
 
 ARMS = ("plain", "compiled", "compiled+kernel")
-FUSED_ARMS = ("fused", "fused compiled+kernel")  # --fused: the same steps with q/k/v and gate/up stacked (engine/fused.py)
+# --unfused: the same steps with each projection its own product (load_target stacks q/k/v and
+# gate/up by default, engine/fused.py)
+UNFUSED_ARMS = ("unfused", "unfused compiled+kernel")
 
 
-def load_arms(model: str, fused: bool = False) -> dict:
+def load_arms(model: str, unfused: bool = False) -> dict:
     """name -> (target, tokenizer): one copy per way of stepping."""
     arms = {}
-    for name in ARMS + (FUSED_ARMS if fused else ()):
-        target, tok = load_target(model, fuse_projections=name.startswith("fused"))
+    for name in ARMS + (UNFUSED_ARMS if unfused else ()):
+        target, tok = load_target(model, fuse_projections=not name.startswith("unfused"))
         if name.endswith("compiled+kernel"):
             target.route_attention(attention_kernel.rows_attention() if cuda_available() else attention_kernel.reference_rows_attention)
         arms[name] = (target, tok)
     return arms
 
 
-def fused_logits_check(plain, fused, ids: list[int]) -> dict:
-    """Whether the stacked products give the plain model's logits bit for bit on this device: a
+def fused_logits_check(unfused, fused, ids: list[int]) -> dict:
+    """Whether the stacked products give the unfused model's logits bit for bit on this device: a
     prefill, then a one-row and an 8-row forward on the same caches (a step and a verify)."""
     out = {}
-    caches = plain.make_cache(), fused.make_cache()
+    caches = unfused.make_cache(), fused.make_cache()
     for name, rows in (("prefill", ids), ("one_row", ids[-1:]), ("eight_rows", ids[-8:])):
-        a, b = (t.forward(mx.array(rows), c).logits for t, c in zip((plain, fused), caches))
+        a, b = (t.forward(mx.array(rows), c).logits for t, c in zip((unfused, fused), caches))
         out[name] = {"bit_equal": bool(mx.array_equal(a, b).item()),
                      "max_abs_diff": float(mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item())}
     return out
@@ -76,19 +80,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-mlx-lm", action="store_true")
-    ap.add_argument("--fused", action="store_true", help="add the steps with each layer's sibling projections stacked (engine/fused.py), "
-                    "after checking their logits against the plain model's")
+    ap.add_argument("--unfused", action="store_true", help="add the steps with each projection its own product (the model as "
+                    "stored; the engine stacks q/k/v and gate/up, engine/fused.py), after checking the logits agree")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    arms = load_arms(args.model, fused=args.fused)
+    arms = load_arms(args.model, unfused=args.unfused)
     tok = arms["plain"][1]
     prompts = [p for s in load_prompt_sets("code,math,chat", limit=args.prompts) for p in s.prompts]
     encoded = {p.id: (p.domain, encode_prompt(tok, p.as_input())) for p in prompts}
     check = {}
-    if args.fused:
-        check = fused_logits_check(arms["plain"][0], arms["fused"][0], next(iter(encoded.values()))[1])
-        print("fused logits against plain: " + ", ".join(f"{k} {'bit-equal' if v['bit_equal'] else 'max diff %.3g' % v['max_abs_diff']}"
+    if args.unfused:
+        check = fused_logits_check(arms["unfused"][0], arms["plain"][0], next(iter(encoded.values()))[1])
+        print("stacked projections' logits against unfused: " + ", ".join(f"{k} {'bit-equal' if v['bit_equal'] else 'max diff %.3g' % v['max_abs_diff']}"
                                                          for k, v in check.items()), flush=True)
 
     def run(name: str, ids) -> tuple[list[int], float]:

@@ -287,14 +287,14 @@ def test_the_greedy_step_benchmark_runs_here_through_the_stand_in(head_dim_32, t
 
     out = tmp_path / "steps.json"
     load_script("greedy_step").main(["--model", str(head_dim_32), "--prompts", "1", "--max-new-tokens", "12",
-                                     "--repeats", "2", "--fused", "--json", str(out)])
+                                     "--repeats", "2", "--unfused", "--json", str(out)])
     report = json.loads(out.read_text())
     assert len(report["rows"]) == 3
-    assert set(report["summary"]) == {"plain", "compiled", "compiled+kernel", "fused", "fused compiled+kernel", "mlx_lm"}
+    assert set(report["summary"]) == {"plain", "compiled", "compiled+kernel", "unfused", "unfused compiled+kernel", "mlx_lm"}
     # the stacked projections give the plain model's logits bit for bit here (MLX's CPU kernels)
     assert set(report["fused_logits"]) == {"prefill", "one_row", "eight_rows"}
     assert all(v["bit_equal"] and v["max_abs_diff"] == 0 for v in report["fused_logits"].values())
-    assert all(r["fused"]["same_tokens_as_plain"] for r in report["rows"])
+    assert all(r["unfused"]["same_tokens_as_plain"] for r in report["rows"])
     assert all(r[a]["tok_s"] > 0 and r[a]["spread"] >= 0 for r in report["rows"] for a in report["summary"])
     assert all(r["plain"]["over_plain"] == 1.0 for r in report["rows"])
 

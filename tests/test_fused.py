@@ -36,8 +36,8 @@ def _logits_both_ways(plain, fused, ids):
 @pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
 @pytest.mark.parametrize("bits", [None, 4])
 def test_stacked_projections_give_the_same_logits_bit_for_bit(tiny_dirs, family, bits):
-    plain, tok = load_target(tiny_dirs[family], quantize=bits)
-    fused, _ = load_target(tiny_dirs[family], quantize=bits, fuse_projections=True)
+    plain, tok = load_target(tiny_dirs[family], quantize=bits, fuse_projections=False)
+    fused, _ = load_target(tiny_dirs[family], quantize=bits)  # stacked: load_target's default
     layers = len(plain.layers)
     assert is_fused(fused.model) and not is_fused(plain.model)
     attn, mlp = fused.layers[0].self_attn, fused.layers[0].mlp
@@ -56,8 +56,8 @@ def test_stacked_projections_give_the_same_logits_bit_for_bit(tiny_dirs, family,
 def test_a_step_builds_fewer_operations(tiny_dirs):
     """Qwen2's q, k and v carry biases: three products and three adds become one of each, and the
     MLP's gate and up one product: five fewer operations a layer in a one-row step."""
-    plain, tok = load_target(tiny_dirs["qwen2"], quantize=4)
-    fused, _ = load_target(tiny_dirs["qwen2"], quantize=4, fuse_projections=True)
+    plain, tok = load_target(tiny_dirs["qwen2"], quantize=4, fuse_projections=False)
+    fused, _ = load_target(tiny_dirs["qwen2"], quantize=4)
     counts = []
     for t in (plain, fused):
         cache = t.make_cache()
@@ -69,8 +69,8 @@ def test_a_step_builds_fewer_operations(tiny_dirs):
 def test_a_sibling_called_alone_or_out_of_order_still_gets_its_own_columns(tiny_dirs):
     """No call order is assumed: each part is its own layer's product, whichever sibling asks
     first, twice, or on another input; and nothing is held once every sibling is served."""
-    plain, _ = load_target(tiny_dirs["qwen2"])
-    fused, _ = load_target(tiny_dirs["qwen2"], fuse_projections=True)
+    plain, _ = load_target(tiny_dirs["qwen2"], fuse_projections=False)
+    fused, _ = load_target(tiny_dirs["qwen2"])
     a, b = plain.layers[1].self_attn, fused.layers[1].self_attn
     x, y = mx.random.normal((1, 3, plain.hidden_size)), mx.random.normal((1, 2, plain.hidden_size))
     assert mx.array_equal(b.v_proj(x), a.v_proj(x)).item()
@@ -101,8 +101,8 @@ def test_layers_that_cannot_stack_are_left_alone():
 def test_every_decoding_path_through_the_stacked_target_decodes_its_greedy_tokens(tiny_dirs, heads):
     """Greedy (plain and compiled step), the DSpark loop and the pipelined loop, with the rows
     kernel's stand-in routed over the stacked layers too: the plain target's greedy tokens."""
-    plain, tok = load_target(tiny_dirs["qwen3"], quantize=4)
-    fused, _ = load_target(tiny_dirs["qwen3"], quantize=4, fuse_projections=True)
+    plain, tok = load_target(tiny_dirs["qwen3"], quantize=4, fuse_projections=False)
+    fused, _ = load_target(tiny_dirs["qwen3"], quantize=4)
     head = load_dspark(heads["qwen3"], fused)
     for prompt in PROMPTS[:4] + PROMPTS[14:16]:
         want = greedy_generate(plain, tok, prompt, max_new_tokens=24).token_ids
@@ -119,7 +119,7 @@ def test_every_decoding_path_through_the_stacked_target_decodes_its_greedy_token
 
 
 def test_a_routed_target_stacked_afterwards_keeps_its_route(tiny_dirs):
-    target, tok = load_target(tiny_dirs["qwen2"], quantize=4)
+    target, tok = load_target(tiny_dirs["qwen2"], quantize=4, fuse_projections=False)
     target.route_quantized_rows(reference_rows_matmul, policy=every_width)
     assert target.fuse_projections() == 2 * len(target.layers)
     assert target.rows_routed
@@ -127,9 +127,10 @@ def test_a_routed_target_stacked_afterwards_keeps_its_route(tiny_dirs):
     assert type(target.layers[0].self_attn["qkv_proj"]) is not nn.QuantizedLinear
 
 
-def test_the_sweep_runs_a_fused_precision_beside_as_loaded(tiny_dirs):
-    assert check_precision("Fused") == "fused"
-    model_id = model_variant(str(tiny_dirs["qwen2"]), "fused")
-    assert model_id.endswith("@fused")
-    target, _ = load_variant(model_id)
-    assert is_fused(target.model)
+def test_the_sweep_runs_the_unfused_model_beside_as_loaded(tiny_dirs):
+    assert check_precision("Unfused") == "unfused"
+    model_id = model_variant(str(tiny_dirs["qwen2"]), "unfused")
+    assert model_id.endswith("@unfused")
+    assert not is_fused(load_variant(model_id)[0].model)
+    assert is_fused(load_variant(str(tiny_dirs["qwen2"]))[0].model)
+    assert is_fused(load_variant(model_variant(str(tiny_dirs["qwen2"]), "8"))[0].model)  # stored another way, then stacked

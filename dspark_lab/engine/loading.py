@@ -336,7 +336,7 @@ def load_target(
     taps: Sequence[int] | None = None,
     dequantize: bool = False,
     quantize: int | None = None,
-    fuse_projections: bool = False,
+    fuse_projections: bool = True,
 ):
     """Load a causal LM as a `Target` plus its tokenizer (mlx-lm's TokenizerWrapper).
     A multimodal checkpoint loads through mlx-vlm and runs as its language model (text only).
@@ -352,9 +352,11 @@ def load_target(
     the model's layers at that many bits on load (mlx-lm's quantize_model, groups of 64), a
     quantized model's after dequantizing them: how a benchmark times one model at 4 and 8 bits
     without a second download (the 8-bit copy of a 4-bit file holds values within a quarter of a
-    4-bit step of its own, in twice the bytes). `fuse_projections` stacks each layer's q/k/v and
-    gate/up projections into one product each (Target.fuse_projections: the same outputs, fewer
-    operations a step). Half-precision
+    4-bit step of its own, in twice the bytes). `fuse_projections` (default on) stacks each layer's
+    q/k/v and gate/up projections into one product each (Target.fuse_projections: the same
+    outputs bit for bit on MLX's kernels, 5 fewer operations a Qwen2 layer; plain decoding of the
+    4-bit Qwen 0.5B 1.05-1.17x faster on an H200, docs/performance.md, forty-second round); off
+    keeps the model's layers as stored. Half-precision
     weights left as they are on MLX's CPU backend give a SlowDtypeWarning that says so."""
     from .target import Target
 

@@ -1,7 +1,7 @@
 """Names for models and drafters as reports and the registry show them.
 
 Trials store a model as given (a local path or a hub repo id), or, for a sweep's precision other
-than as-loaded, with its label: MODEL@q8, MODEL@dequantized, MODEL@rows-kernel, MODEL@fused. Reports show its last path part; the
+than as-loaded, with its label: MODEL@q8, MODEL@dequantized, MODEL@rows-kernel, MODEL@unfused. Reports show its last path part; the
 registry keys a target by a quant-agnostic id, because a drafter trained on a model's hidden
 states serves every quantization of that model, and keeps a precision's label on it, because
 that precision's speedup was measured against its own baseline.
@@ -22,13 +22,14 @@ _QUANT_SUFFIX = re.compile(
 
 # A sweep's precisions (lab.sweep): the model as given, or its layers stored another way on load,
 # or as stored with their products routed through engine/rows_kernel.py's kernel (ROWS_KERNEL), or
-# with each layer's sibling projections stacked into one product (FUSED, engine/fused.py).
-AS_LOADED, DEQUANTIZED, ROWS_KERNEL, FUSED = "as-loaded", "dequantized", "rows-kernel", "fused"
-NAMED_PRECISIONS = (DEQUANTIZED, ROWS_KERNEL, FUSED)  # the labels that are words, not weight bits
+# or as stored with each projection its own product (UNFUSED: load_target's default stacks a
+# layer's q/k/v and gate/up projections into one product each, engine/fused.py).
+AS_LOADED, DEQUANTIZED, ROWS_KERNEL, UNFUSED = "as-loaded", "dequantized", "rows-kernel", "unfused"
+NAMED_PRECISIONS = (DEQUANTIZED, ROWS_KERNEL, UNFUSED)  # the labels that are words, not weight bits
 
 
 def split_variant(model_id: str) -> tuple[str, str]:
-    """(model, label) of a trial's model id, the label as-loaded, dequantized, rows-kernel, fused or qN.
+    """(model, label) of a trial's model id, the label as-loaded, dequantized, rows-kernel, unfused or qN.
     An id whose text after its last @ is no such label is a model as given (a path may hold an @)."""
     path, _, label = model_id.rpartition("@")
     if path and (label in NAMED_PRECISIONS or (label[:1] == "q" and label[1:].isdigit())):

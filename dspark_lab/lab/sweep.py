@@ -26,7 +26,7 @@ from typing import Callable
 
 from sqlmodel import Session, select
 
-from ..engine.names import AS_LOADED, DEQUANTIZED, FUSED, NAMED_PRECISIONS, ROWS_KERNEL, split_variant
+from ..engine.names import AS_LOADED, DEQUANTIZED, NAMED_PRECISIONS, ROWS_KERNEL, UNFUSED, split_variant
 from ..errors import DsparkError, InputError, LoadError
 from ..schemas.records import Run, Trial, utcnow
 
@@ -64,8 +64,9 @@ AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size
 # their own baseline, speedups, cost curves and registry entry. "rows-kernel" keeps the weights as
 # stored and routes their products through engine/rows_kernel.py's CUDA kernel where
 # rows_kernel.worth_routing says so (MODEL@rows-kernel): beside as-loaded, the kernel side by side.
-# "fused" keeps the weights as stored and stacks each layer's q/k/v and gate/up projections into
-# one product each (engine/fused.py, MODEL@fused): the same outputs from fewer operations.
+# Every precision stacks each layer's q/k/v and gate/up projections into one product each
+# (engine/fused.py: the same outputs from fewer operations) except "unfused" (MODEL@unfused), the
+# weights as stored with each projection its own product: the stacking side by side.
 # The labels, and split_variant that reads one back, live in engine.names: the registry keys targets by them.
 
 
@@ -185,8 +186,8 @@ def load_variant(model_id: str, dtype: str | None = None):
     path, label = split_variant(model_id)
     if label == DEQUANTIZED:
         return load_target(path, dtype=dtype, dequantize=True)
-    if label == FUSED:
-        return load_target(path, dtype=dtype, fuse_projections=True)
+    if label == UNFUSED:
+        return load_target(path, dtype=dtype, fuse_projections=False)
     if label == ROWS_KERNEL:
         from ..engine.rows_kernel import has_quantized_layers, quantized_rows_matmul
 
