@@ -20,6 +20,7 @@ import mlx.core as mx
 from mlx_lm.generate import stream_generate
 
 from dspark_lab import greedy_generate, load_target, lookup_generate
+from dspark_lab.engine.fused import as_stored
 from dspark_lab.engine.text import encode_prompt
 from dspark_lab.lab.lossless import first_divergence as divergence
 
@@ -36,10 +37,11 @@ def mlx_lm_arm(target, tokenizer, ids, max_tokens):
     start = time.perf_counter()
     first = None
     tokens = []
-    for resp in stream_generate(target.model, tokenizer, ids, max_tokens=max_tokens):
-        if first is None:
-            first = time.perf_counter()
-        tokens.append(resp.token)
+    with as_stored(target.model):  # as mlx-lm loads it: each projection its own layer
+        for resp in stream_generate(target.model, tokenizer, ids, max_tokens=max_tokens):
+            if first is None:
+                first = time.perf_counter()
+            tokens.append(resp.token)
     end = time.perf_counter()
     eos = set(tokenizer.eos_token_ids)
     tokens = [t for t in tokens if t not in eos]

@@ -86,14 +86,17 @@ def _decode_rate(n_tokens, seconds_after_first):
 def mlx_lm_arm(model, tokenizer, ids, max_tokens, eos, draft_model=None, k=None):
     from mlx_lm.generate import stream_generate
 
+    from dspark_lab.engine.fused import as_stored
+
     kw = {"draft_model": draft_model, "num_draft_tokens": k} if draft_model is not None else {}
     start = time.perf_counter()
     first = None
     tokens = []
-    for resp in stream_generate(model, tokenizer, ids, max_tokens=max_tokens, **kw):
-        if first is None:
-            first = time.perf_counter()
-        tokens.append(resp.token)
+    with as_stored(model):  # mlx-lm's model as mlx-lm loads it: each projection its own layer
+        for resp in stream_generate(model, tokenizer, ids, max_tokens=max_tokens, **kw):
+            if first is None:
+                first = time.perf_counter()
+            tokens.append(resp.token)
     end = time.perf_counter()
     tokens = _strip_eos(tokens, eos)
     return Run(tokens, _decode_rate(len(tokens), end - first) if first else 0.0, end - start)

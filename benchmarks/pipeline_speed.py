@@ -79,6 +79,7 @@ def main(argv=None) -> dict:
 
     from dspark_lab import greedy_generate, load_target, speculative_generate
     from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.engine.fused import as_stored
     from dspark_lab.engine.text import encode_prompt
     from dspark_lab.lab.bandwidth import copy_bandwidth, decode_bytes, limit_tokens_per_second
     from dspark_lab.lab.device import mlx_env
@@ -94,9 +95,10 @@ def main(argv=None) -> dict:
 
     def mlx_lm(ids, on=target):
         first, out = None, []
-        for resp in stream_generate(on.model, tok, ids, max_tokens=n):
-            first = first or time.perf_counter()
-            out.append(resp.token)
+        with as_stored(on.model):  # as mlx-lm loads it: each projection its own layer
+            for resp in stream_generate(on.model, tok, ids, max_tokens=n):
+                first = first or time.perf_counter()
+                out.append(resp.token)
         end = time.perf_counter()
         out = [t for t in out if t not in eos]
         return out, (len(out) - 1) / (end - first), None

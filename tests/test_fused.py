@@ -134,3 +134,23 @@ def test_the_sweep_runs_the_unfused_model_beside_as_loaded(tiny_dirs):
     assert not is_fused(load_variant(model_id)[0].model)
     assert is_fused(load_variant(str(tiny_dirs["qwen2"]))[0].model)
     assert is_fused(load_variant(model_variant(str(tiny_dirs["qwen2"]), "8"))[0].model)  # stored another way, then stacked
+
+
+def test_the_mlx_lm_reference_runs_the_layers_as_stored_and_the_engine_gets_them_stacked_back(tiny_dirs):
+    """mlx-lm's decoding stands for mlx-lm as its users load the model: within as_stored each
+    projection is its own layer again (views of the stacked weights), outside it stacked."""
+    from dspark_lab.engine import mlx_lm_generate
+    from dspark_lab.engine.fused import as_stored
+
+    fused, tok = load_target(tiny_dirs["qwen2"], quantize=4)
+    plain, _ = load_target(tiny_dirs["qwen2"], quantize=4, fuse_projections=False)
+    attn = fused.layers[0].self_attn
+    seen = {}
+    with as_stored(fused.model):
+        seen["inside"] = type(attn["q_proj"]), "qkv_proj" in attn
+        assert mx.array_equal(attn["k_proj"].weight, plain.layers[0].self_attn.k_proj.weight).item()
+    assert seen["inside"] == (nn.QuantizedLinear, False)
+    assert isinstance(attn["q_proj"], FusedPart) and "qkv_proj" in attn
+    want = greedy_generate(plain, tok, PROMPTS[0], max_new_tokens=16).token_ids
+    assert mlx_lm_generate(fused, tok, PROMPTS[0], max_new_tokens=16).token_ids == want
+    assert greedy_generate(fused, tok, PROMPTS[0], max_new_tokens=16).token_ids == want

@@ -25,6 +25,7 @@ it is.
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -118,3 +119,44 @@ def fuse_projections(model: nn.Module) -> int:
 
 def is_fused(model: nn.Module) -> bool:
     return any(isinstance(m, FusedPart) for _, m in model.named_modules())
+
+
+def _unstack(stacked: nn.Module, sizes: list[int]) -> list[nn.Module]:
+    """The layers `_stack` stacked, as rows of its arrays (slices along the first axis: views of
+    the same memory once evaluated, no copy). Of the plain class, whatever routing put on it."""
+    plain = next(c for c in type(stacked).__mro__ if c in _STACKABLE)
+    layers, start = [], 0
+    for size in sizes:
+        layer = plain.__new__(plain)
+        layer.__dict__.update(stacked.__dict__)
+        for key, value in stacked.items():
+            if isinstance(value, mx.array):
+                dict.__setitem__(layer, key, value[start:start + size])
+        layers.append(layer)
+        start += size
+    return layers
+
+
+@contextmanager
+def as_stored(model: nn.Module):
+    """Within: the model's projections as separate layers again, as mlx-lm loads them (each its
+    own product; their weights views of the stacked ones), so a reference that stands for mlx-lm
+    (engine/reference.py) runs mlx-lm's model as its users run it. Stacked again on exit."""
+    swaps = []
+    for _, module in model.named_modules():
+        for stacked_name, names in GROUPS:
+            parts = [module.get(n) for n in names]
+            if stacked_name not in module or not all(isinstance(p, FusedPart) for p in parts):
+                continue
+            stacked = module[stacked_name]
+            swaps.append((module, stacked_name, names, stacked, parts))
+            del module[stacked_name]
+            for name, layer in zip(names, _unstack(stacked, [p.output_dims for p in parts])):
+                module[name] = layer
+    try:
+        yield model
+    finally:
+        for module, stacked_name, names, stacked, parts in swaps:
+            module[stacked_name] = stacked
+            for name, part in zip(names, parts):
+                module[name] = part

@@ -2,7 +2,8 @@
 greedy decoding is held to (issue #10: our greedy at least 1.0x `mlx_lm.generate`).
 
 It runs `mlx_lm.generate.stream_generate` on the target's own module (same weights, same
-process, its own cache and prefill), greedy, and returns a GenResult like greedy_generate's:
+process, its own cache and prefill; each projection its own layer again, as mlx-lm loads the
+model, where the engine stacks them: engine/fused.py), greedy, and returns a GenResult like greedy_generate's:
 decode tok/s from the first token on, EOS and the length limit handled by the same TextStream.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .fused import as_stored
 from .generate import GenResult, _Clock, check_max_new_tokens
 from .target import Target
 from .text import TextStream, encode_prompt
@@ -31,13 +33,14 @@ def mlx_lm_generate(
     stream = TextStream(tokenizer, None, None)
     clock = _Clock()
     steps = 0
-    for resp in stream_generate(target.model, tokenizer, prompt_ids, max_tokens=max_new_tokens):
-        clock.first_token()
-        steps += 1
-        if stream.add([resp.token]):
-            break
-    else:
-        stream.finish("length")
+    with as_stored(target.model):  # mlx-lm's layers as it loads them: no stacked projections
+        for resp in stream_generate(target.model, tokenizer, prompt_ids, max_tokens=max_new_tokens):
+            clock.first_token()
+            steps += 1
+            if stream.add([resp.token]):
+                break
+        else:
+            stream.finish("length")
     rounds = max(steps - 1, 0)  # mlx-lm's forwards after its prefill, one token each
     return clock.result(stream, prompt_tokens=len(prompt_ids), rounds=rounds, forwards=steps,
                         accepts=[1] * rounds, drafts=[0] * rounds, mode="mlx-lm")
