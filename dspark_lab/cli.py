@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import AdviceWarning, DsparkError
+from .errors import AdviceWarning, DsparkError, PlainIsFaster
 
 app = typer.Typer(
     name="dspark-lab",
@@ -267,6 +267,9 @@ def generate(
             rows_kernel = measured.get("rows_kernel") if rows_kernel is None else rows_kernel
             if measured:
                 err.print(f"[dim]auto: measured with {', '.join(f'{k}={v}' for k, v in measured.items())}[/]")
+        except PlainIsFaster as e:
+            err.print(f"[dim]auto: {e} Decoding plainly.[/]")
+            mode = Mode.baseline
         except DsparkError as e:
             err.print(f"[dim]auto: {e} Using lookup decoding.[/]")
             mode = Mode.lookup

@@ -13,6 +13,11 @@ class LoadError(DsparkError):
     """A model or drafter could not be loaded as asked."""
 
 
+class PlainIsFaster(LoadError):
+    """The registry measured every speculative arm of this model slower than plain decoding on this
+    machine: `generate --mode auto` decodes plainly."""
+
+
 class InputError(DsparkError, ValueError):
     """A generation argument (prompt, length, sampling parameter) is out of range."""
 

@@ -69,6 +69,55 @@ def test_a_slower_best_arm_is_refused(tmp_path):
     reg = build_registry(engine)
     assert reg["pairs"] == []
     assert "not faster than plain decoding (x0.900)" in reg["refused"][0]["reason"]
+    assert reg["refused"][0]["slower_than_plain"] is True
+
+
+def test_where_the_registry_measured_plain_decoding_faster_load_pair_says_so_and_auto_decodes_plainly(tmp_path):
+    """A model whose every speculative arm lost to plain decoding on this machine: load_pair raises
+    PlainIsFaster there (another machine's entry would not hold here), and `generate --mode auto`
+    decodes plainly; on the machine whose entry won, the entry still serves. A sweep's @unfused
+    trials (the stacked projections' side-by-side comparison) never become an entry."""
+    from typer.testing import CliRunner
+
+    from dspark_lab.cli import app
+    from dspark_lab.errors import PlainIsFaster
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tinytarget", "qwen3")
+    head = build_tiny_dspark(tmp_path / "tinyhead", model, block_size=4)
+    engine = open_db(tmp_path / "db.duckdb")
+    with Session(engine) as s:
+        for run, machine, rate in (("fast", METAL, 180.0), ("slow", CUDA, 90.0)):
+            s.add(Run(id=run, status="finished", dspark_lab_version="0.1.0", device_key=run, machine=machine,
+                      device_stamp=json.dumps({"mlx_version": "0.32.4"}), config="{}"))
+            for p in PROMPTS:
+                for i in range(2):
+                    for model_id in (str(model), f"{model}@unfused"):
+                        s.add(trial(run, model_id, "baseline", "0", p, i, 100.0))
+                        s.add(trial(run, model_id, "dspark", "3", p, i, rate + (50.0 if "@" in model_id else 0.0), drafter=str(head)))
+        s.commit()
+    reg = build_registry(engine)
+    assert [(p["target"], p["machine"]) for p in reg["pairs"]] == [("tinytarget", METAL)]
+    assert [(r["target"], r["machine"], r.get("slower_than_plain")) for r in reg["refused"]] == [("tinytarget", CUDA, True)]
+    path = write_registry(reg, tmp_path / "registry.json")
+    assert load_pair(str(model), registry=path, machine=METAL)[3].evidence["speedup"] == 1.8
+    with pytest.raises(PlainIsFaster, match="faster plainly than with any drafter .*x0.9"):
+        load_pair(str(model), registry=path, machine=CUDA)
+
+    import dspark_lab.lab.device as device
+
+    stamp = device.collect_device_stamp()
+    machine = device.machine_class(stamp)
+    reg["refused"][0]["machine"] = machine  # as if measured on this very machine
+    write_registry(reg, path)
+    from unittest import mock
+
+    with mock.patch("dspark_lab.engine.speculative.read_registry", lambda registry=None: read_registry(path)), \
+            mock.patch("dspark_lab.engine.speculative._registry_data", lambda registry=None: json.loads(path.read_text())):
+        result = CliRunner().invoke(app, ["generate", "--model", str(model), "--prompt", "def f(x):", "--max-new-tokens", "4",
+                                          "--mode", "auto", "--db", str(tmp_path / "gen.duckdb")])
+    assert result.exit_code == 0, result.output
+    assert "Decoding plainly" in result.output
 
 
 def test_table_and_markdown(registry):

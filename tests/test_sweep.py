@@ -383,7 +383,7 @@ def test_grid_file(tiny_dirs, head, tmp_path):
     (dict(caps=["two"]), "is not a positive number or 'auto'"),
     (dict(trials=0), "must be >= 1"),
     (dict(models=[]), "needs at least one --model"),
-    (dict(precisions=["fp8"]), "precision 'fp8' is not one of as-loaded, dequantized, rows-kernel or weight bits"),
+    (dict(precisions=["fp8"]), "precision 'fp8' is not one of as-loaded, dequantized, rows-kernel, unfused or weight bits"),
 ])
 def test_bad_sweep_configs(tiny_dirs, head, kw, match):
     with pytest.raises(InputError, match=match):

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import mlx.core as mx
 
-from ..errors import InputError, LoadError, MeasuredVersionWarning
+from ..errors import InputError, LoadError, MeasuredVersionWarning, PlainIsFaster
 from .drafters.lookup import LookupConfig, NgramIndex
 from .generate import Draft, DraftSource, GenResult, _setup, cap_schedule, speculative_loop
 from .loading import load_target, quantization_entry, read_model_config, weights_digest
@@ -205,12 +205,27 @@ class PairConfig:
     evidence: dict = field(default_factory=dict)
 
 
+def _registry_data(path: str | os.PathLike | None) -> dict:
+    if path is not None:
+        return json.loads(open(path).read())
+    return json.loads(resources.files("dspark_lab").joinpath("data/registry.json").read_text())
+
+
 def read_registry(path: str | os.PathLike | None = None) -> list[dict]:
     """The registry of measured pairs shipped with the package (or a file given)."""
-    if path is not None:
-        return json.loads(open(path).read()).get("pairs", [])
-    data = resources.files("dspark_lab").joinpath("data/registry.json").read_text()
-    return json.loads(data).get("pairs", [])
+    return _registry_data(path).get("pairs", [])
+
+
+def _slower_than_plain(model: str, registry, machine: str | None) -> dict | None:
+    """The registry's refusal of this model on `machine` because its fastest speculative arm was
+    not faster than plain decoding there, if it holds one (None otherwise, or with no machine)."""
+    from .names import target_key
+
+    if machine is None:
+        return None
+    key = target_key(model)
+    return next((r for r in _registry_data(registry).get("refused", [])
+                 if r.get("slower_than_plain") and r.get("machine") == machine and target_key(str(r.get("model_id", ""))) == key), None)
 
 
 def load_pair(
@@ -239,6 +254,14 @@ def load_pair(
     source, evidence, mode = "user", {}, "dspark"
     if drafter is None:
         entry = _registry_entry(str(model), registry, machine)
+        slower = _slower_than_plain(str(model), registry, machine)
+        if slower is not None and (entry is None or entry.get("machine") != machine):
+            # Measured here, and plain decoding won: another machine's entry would not hold.
+            raise PlainIsFaster(
+                f"on {machine} the registry measured {str(model)!r} decoding faster plainly than with any drafter "
+                f"({slower.get('mode')} with {slower.get('drafter')} at cap {slower.get('cap')}: x{slower.get('speedup')} over "
+                f"{slower.get('trials')} trials); use --mode baseline, or pass drafter= to speculate anyway."
+            )
         if entry is None:
             raise LoadError(
                 f"no measured drafter for {str(model)!r} in the registry. Pass drafter= (--drafter DIR) "

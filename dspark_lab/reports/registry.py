@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 
 from ..db.queries import cap_order, runs_frame, summary, trials_frame
 from ..errors import DsparkError
-from ..engine.names import AS_LOADED, short_name, split_variant, target_key
+from ..engine.names import AS_LOADED, UNFUSED, short_name, split_variant, target_key
 from ..lab.sweep import NON_DRAFTING_MODES
 
 SCHEMA_VERSION = 1
@@ -142,6 +142,9 @@ def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: lis
     arms = summary(engine, n_boot=n_boot, seed=seed, by_domain=False, trials=trials)
     # Only drafting arms compete: the baseline and mlx-lm's own decoder (a reference) do not draft.
     arms = arms.filter(~pl.col("mode").is_in(NON_DRAFTING_MODES))
+    # A sweep's "unfused" precision is the engine's stacked projections measured side by side with
+    # the layers as stored (engine/fused.py): a comparison, not a way the engine loads a model.
+    arms = arms.filter(~pl.col("model_id").str.ends_with(f"@{UNFUSED}"))
     runs = runs_frame(engine, run_ids)
 
     candidates: dict[tuple[str, str], list[dict]] = {}
@@ -159,8 +162,10 @@ def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: lis
         # Fastest first; ties go to the smaller cap (cheaper rounds), then to names, for a stable choice.
         best = min(group, key=lambda a: (-a["speedup"], cap_order(a["cap"]), a["mode"], a["drafter_id"] or "", a["model_id"]))
         if best["speedup"] <= 1.0:
-            refused.append({**_arm_dict(best), "reason": f"the fastest measured arm is not faster than plain decoding "
-                                                          f"(x{best['speedup']:.3f}); use plain decoding on this machine"})
+            # slower_than_plain: load_pair (generate --mode auto) on this machine decodes plainly.
+            refused.append({**_arm_dict(best), "slower_than_plain": True,
+                            "reason": f"the fastest measured arm is not faster than plain decoding "
+                                      f"(x{best['speedup']:.3f}); use plain decoding on this machine"})
             continue
         prov = _provenance(runs, best["run_ids"])
         pairs.append({
