@@ -10,8 +10,9 @@ same trace at the cache's host offset.)
 The arms load as the engine does, each layer's q/k/v and gate/up projections stacked into one
 product each (engine/fused.py: about 5 fewer operations a layer); --unfused adds the plain and the
 kernel's compiled step with each projection its own product, after checking on this device that
-the two give the same logits bit for bit. (The forty-second round ran this before the stacking
-was the default, as --fused: its "plain" arms were unfused, its "fused" arms stacked.)
+the two give the same logits bit for bit. (The forty-second round's runs stepped the arm named
+"fused" on the H200, and "unfused" on the H100, through the compiled step with MLX's attention,
+not plainly as named: a slip since fixed; docs/performance.md reads them as what they ran.)
 
 Why: on an H100 the compiled one-row forward with the attention kernel took 2.79 ms where the
 plain step took 2.95 (docs/performance.md, fortieth round, benchmarks/cuda_graphs.py), and plain
@@ -99,7 +100,7 @@ def main(argv=None) -> dict:
         if name == "mlx_lm":  # mlx-lm's stream_generate on the plain copy, timed as our arms are
             r = mlx_lm_generate(arms["plain"][0], tok, ids, max_new_tokens=args.max_new_tokens)
         else:
-            r = greedy_generate(arms[name][0], tok, ids, max_new_tokens=args.max_new_tokens, compiled_step=name != "plain")
+            r = greedy_generate(arms[name][0], tok, ids, max_new_tokens=args.max_new_tokens, compiled_step="compiled" in name)
         return r.token_ids, r.decode_tokens_per_sec
 
     names = [*arms, *([] if args.no_mlx_lm else ["mlx_lm"])]
