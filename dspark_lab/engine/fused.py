@@ -17,7 +17,7 @@ called on another input computes the product again, so no call order is assumed.
 
 Exactness: each output column is the same dot product of the same weights, so on MLX's kernels,
 which reduce each column on its own, the outputs are the unfused ones bit for bit (checked in
-tests on the CPU, and on the GPU by benchmarks/fused_step.py before it times anything).
+tests on the CPU, and on the GPU by `benchmarks/greedy_step.py --unfused` before it times anything).
 Quantized siblings stack only when they share bits, group size and mode; anything else is left as
 it is.
 """
@@ -109,11 +109,13 @@ def fuse_projections(model: nn.Module) -> int:
                 continue
             sizes = [int(layer.weight.shape[0]) for layer in layers]
             module[stacked_name] = _stack(layers)
+            # Made now, group by group: the siblings' own arrays are freed as each is, so stacking
+            # a model needs one group's weights more memory at a time, not a copy of them all.
+            mx.eval(module[stacked_name].parameters())
             shared = _Stacked(module, stacked_name, sizes)
             for index, (name, size) in enumerate(zip(names, sizes)):
                 module[name] = FusedPart(shared, index, size)
             fused += 1
-    mx.eval(model.parameters())  # the stacked copies now; the siblings' own arrays are freed
     return fused
 
 

@@ -355,8 +355,8 @@ def load_target(
     4-bit step of its own, in twice the bytes). `fuse_projections` (default on) stacks each layer's
     q/k/v and gate/up projections into one product each (Target.fuse_projections: the same
     outputs bit for bit on MLX's kernels, 5 fewer operations a Qwen2 layer; plain decoding of the
-    4-bit Qwen 0.5B 1.05-1.17x faster on an H200, docs/performance.md, forty-second round); off
-    keeps the model's layers as stored. Half-precision
+    4-bit Qwen 0.5B and 1.5B 1.06-1.11x faster on an H100, docs/performance.md, forty-second
+    round); off keeps the model's layers as stored. Half-precision
     weights left as they are on MLX's CPU backend give a SlowDtypeWarning that says so."""
     from .target import Target
 

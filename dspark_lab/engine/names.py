@@ -21,7 +21,7 @@ _QUANT_SUFFIX = re.compile(
 
 
 # A sweep's precisions (lab.sweep): the model as given, or its layers stored another way on load,
-# or as stored with their products routed through engine/rows_kernel.py's kernel (ROWS_KERNEL), or
+# or as stored with their products routed through engine/rows_kernel.py's kernel (ROWS_KERNEL),
 # or as stored with each projection its own product (UNFUSED: load_target's default stacks a
 # layer's q/k/v and gate/up projections into one product each, engine/fused.py).
 AS_LOADED, DEQUANTIZED, ROWS_KERNEL, UNFUSED = "as-loaded", "dequantized", "rows-kernel", "unfused"

@@ -298,7 +298,9 @@ class Target:
         routing = self._routing
         if routing is not None:
             self.route_quantized_rows(None)
-        groups = fuse_projections(self.model)
+        # The decoder layers only: a multimodal checkpoint's vision tower (never run here) may call
+        # its projections on different inputs, where a stacked product would be computed thrice.
+        groups = sum(fuse_projections(layer) for layer in self.layers)
         if routing is not None:
             self.route_quantized_rows(routing[0], policy=routing[1])
         self._drop_offset_traces()
