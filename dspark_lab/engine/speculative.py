@@ -216,18 +216,6 @@ def read_registry(path: str | os.PathLike | None = None) -> list[dict]:
     return _registry_data(path).get("pairs", [])
 
 
-def _slower_than_plain(model: str, registry, machine: str | None) -> dict | None:
-    """The registry's refusal of this model on `machine` because its fastest speculative arm was
-    not faster than plain decoding there, if it holds one (None otherwise, or with no machine)."""
-    from .names import target_key
-
-    if machine is None:
-        return None
-    key = target_key(model)
-    return next((r for r in _registry_data(registry).get("refused", [])
-                 if r.get("slower_than_plain") and r.get("machine") == machine and target_key(str(r.get("model_id", ""))) == key), None)
-
-
 def load_pair(
     model: str | os.PathLike,
     drafter: str | os.PathLike | None = None,
@@ -254,14 +242,6 @@ def load_pair(
     source, evidence, mode = "user", {}, "dspark"
     if drafter is None:
         entry = _registry_entry(str(model), registry, machine)
-        slower = _slower_than_plain(str(model), registry, machine)
-        if slower is not None and (entry is None or entry.get("machine") != machine):
-            # Measured here, and plain decoding won: another machine's entry would not hold.
-            raise PlainIsFaster(
-                f"on {machine} the registry measured {str(model)!r} decoding faster plainly than with any drafter "
-                f"({slower.get('mode')} with {slower.get('drafter')} at cap {slower.get('cap')}: x{slower.get('speedup')} over "
-                f"{slower.get('trials')} trials); use --mode baseline, or pass drafter= to speculate anyway."
-            )
         if entry is None:
             raise LoadError(
                 f"no measured drafter for {str(model)!r} in the registry. Pass drafter= (--drafter DIR) "
@@ -387,7 +367,9 @@ def _registry_entry(model: str, registry, machine: str | None) -> dict | None:
     """The registry entry for this model (quant-agnostic), best matching this machine. Where the
     registry also measured the precision this model is stored at (a sweep's MODEL@q8 entry, say),
     that entry: its speedup was measured against greedy decoding at that precision. On CUDA a
-    MODEL@rows-kernel entry (the stored weights, products through the rows kernel) competes too."""
+    MODEL@rows-kernel entry (the stored weights, products through the rows kernel) competes too.
+    Where no entry was measured on `machine` but the registry refused this model there as slower
+    than plain decoding (`slower_than_plain`), PlainIsFaster: another machine's entry would not hold."""
     from .names import DEQUANTIZED, target_key
 
     key, label = target_key(model), _stored_precision(model)
@@ -400,6 +382,17 @@ def _registry_entry(model: str, registry, machine: str | None) -> dict | None:
         # Beside the model's own entry, the same stored weights with their products through the
         # rows kernel (CUDA only; a sweep's MODEL@rows-kernel): the faster measured one wins.
         entries += [e for k, e in keyed if k == f"{key}@{ROWS_KERNEL}"]
+    # Read only where no entry was measured on this machine: the refusals can change nothing else.
+    here = machine is not None and any(e.get("machine") == machine for e in entries)
+    slower = None if machine is None or here else next(
+        (r for r in _registry_data(registry).get("refused", [])
+         if r.get("slower_than_plain") and r.get("machine") == machine and r.get("target") == key), None)
+    if slower is not None:
+        raise PlainIsFaster(
+            f"on {machine} the registry measured {model!r} decoding faster plainly than with any drafter "
+            f"({slower.get('mode')} with {slower.get('drafter')} at cap {slower.get('cap')}: x{slower.get('speedup')} over "
+            f"{slower.get('trials')} trials); use --mode baseline, or pass drafter= to speculate anyway."
+        )
     if not entries:
         return None
 
