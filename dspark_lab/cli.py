@@ -82,6 +82,7 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model directory or
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", help="A small model with the target's tokenizer that drafts tokens (modes draft and draft-pipe), directory or repo id.")]
 LaunchEveryOpt = Annotated[str, typer.Option(help="Hand the device every N finished layers of a forward while the rest is built (0: off; auto: probe once for this model on this machine, store the verdict in --db and reuse it); bit-identical output, faster where building the graph is the bottleneck (benchmarks/launch_overlap.py).")]
 PrecisionsOpt = Annotated[str, typer.Option(help="Comma-separated: as-loaded, dequantized, or weight bits (4, 8, ...): each model runs at each, stored that way on load (no second download); rows-kernel: as stored, its products at the widths where MLX re-reads the weights per row through dspark-lab's CUDA kernel (engine/rows_kernel.py); unfused: as stored, each projection its own product (every other precision computes a layer's q/k/v and gate/up projections as one product each, engine/fused.py: the same outputs from fewer operations). The trials of a precision other than as-loaded carry the model id MODEL@q8, MODEL@dequantized, MODEL@rows-kernel or MODEL@unfused, with their own baseline and speedups.")]
+BaselineStepOpt = Annotated[str, typer.Option(help="How the baseline (every speedup's denominator) steps: auto (as generate --mode baseline does on this machine: on CUDA the compiled one-row step through dspark-lab's attention kernel where its stored or a fresh probe finds it faster, else plainly), plain, or compiled. To resume a run begun before this option, leave it at auto.")]
 InterleaveOpt = Annotated[bool, typer.Option("--interleave-precisions/--one-precision-at-a-time", help="With several --precisions, hold them all in memory and run each prompt at every precision before the next, so a machine's drift lands on them alike (default); or load and run one precision after another, one copy of the model in memory at a time.")]
 RowsKernelOpt = Annotated[Optional[bool], typer.Option("--rows-kernel/--no-rows-kernel", help="Run a quantized target's products where MLX's own kernel reads the weights again for every row (2-7 rows of a large matrix, e.g. a DSpark draft's vocabulary projection) through dspark-lab's CUDA kernel, which reads them once (engine/rows_kernel.py). Default: in the DSpark modes on CUDA, as a one-time probe on this machine found it for this pair (within a bfloat16 step of the float32 product, lossless in the pipelined loop, and faster; stored in --db); elsewhere off.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
@@ -500,7 +501,7 @@ def sweep(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Target model (repeatable).")] = None,
     drafter: Annotated[Optional[list[str]], typer.Option("--drafter", "-d", help="DSpark head (repeatable); each is paired with every model it fits.")] = None,
     draft_model: Annotated[Optional[list[str]], typer.Option("--draft-model", help="Draft model for mode draft (repeatable); each is paired with every model whose tokenizer it shares.")] = None,
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dspark-tree (a DSpark head without a Markov term verifying a tree of its --tree-nodes likeliest drafts; fixed caps only), dspark-tree-pipe (the same trees chosen and verified on the device, one round in flight), dflash, draft, draft-pipe, mlx-lm (mlx-lm's own decoder on the same model: a reference for our greedy), compiled-step (our plain decoding with compiled one-row steps, their attention through dspark-lab's kernel on CUDA: what generate --mode baseline --attention-kernel runs, beside the plain step). The baseline always runs. Default: lookup, plus each head's own modes (a DSpark head: dspark and dspark-pipe; a DFlash head: dflash), plus draft and draft-pipe when draft models are given.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: lookup, dspark, dspark-pipe, dspark-tree (a DSpark head without a Markov term verifying a tree of its --tree-nodes likeliest drafts; fixed caps only), dspark-tree-pipe (the same trees chosen and verified on the device, one round in flight), dflash, draft, draft-pipe, mlx-lm (mlx-lm's own decoder on the same model: a reference for our greedy), compiled-step (our plain decoding with compiled one-row steps, their attention through dspark-lab's kernel on CUDA: what generate --mode baseline --attention-kernel runs), plain-step (our plain decoding stepping plainly). The baseline always runs, stepping as --baseline-step says. Default: lookup, plus each head's own modes (a DSpark head: dspark and dspark-pipe; a DFlash head: dflash), plus draft and draft-pipe when draft models are given.")] = None,
     caps: Annotated[str, typer.Option(help="Comma-separated draft caps; 'auto' uses the live cap controller.")] = "2,4,7,auto",
     prompts: Annotated[str, typer.Option(help="Prompt sets: code, math, chat, copy, a .jsonl file, humaneval[:PATH], gsm8k:PATH, sharegpt:PATH, mtbench:PATH.")] = "code,math,chat",
     trials: Annotated[int, typer.Option(help="Repeats of every (arm, prompt).")] = 3,
@@ -520,6 +521,7 @@ def sweep(
     tree_nodes: Annotated[int, typer.Option(help="dspark-tree and dspark-tree-pipe arms: the drafts in a round's tree.")] = 16,
     precisions: PrecisionsOpt = "as-loaded",
     interleave_precisions: InterleaveOpt = True,
+    baseline_step: BaselineStepOpt = "auto",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -536,7 +538,7 @@ def sweep(
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
                           launch_every=launch_every, pipe_lookup=pipe_lookup, compile_draft=compile_draft, tree_nodes=tree_nodes,
-                          precisions=_csv(precisions), interleave_precisions=interleave_precisions)
+                          precisions=_csv(precisions), interleave_precisions=interleave_precisions, baseline_step=baseline_step)
     rid = run_sweep(cfg, db, resume=run_id or resume, progress=True, on_event=_sweep_events(verbose))
     out.print(f"run {rid} stored in {db}")
     if json_out is not None:
@@ -626,7 +628,8 @@ def benchmark(
     precisions: PrecisionsOpt = "as-loaded",
     interleave_precisions: InterleaveOpt = True,
     mlx_lm: Annotated[bool, typer.Option("--mlx-lm/--no-mlx-lm", help="Also time mlx-lm's own decoder on the same model and prompts: its row's speedup is mlx-lm over our greedy.")] = True,
-    compiled_step: Annotated[bool, typer.Option("--compiled-step/--no-compiled-step", help="Also time our plain decoding through compiled one-row steps (sweep mode compiled-step; their attention through dspark-lab's kernel on CUDA where it passes its check): its row's speedup is that step over the plain one.")] = False,
+    compiled_step: Annotated[bool, typer.Option("--compiled-step/--no-compiled-step", help="Also time our plain decoding both ways, through compiled one-row steps (sweep mode compiled-step; their attention through dspark-lab's kernel on CUDA where it passes its check) and stepping plainly (plain-step): each row's speedup is that step over the baseline.")] = False,
+    baseline_step: BaselineStepOpt = "auto",
     tree_nodes: Annotated[int, typer.Option(help="Also measure the DSpark head drafting trees of this many drafts (modes dspark-tree and dspark-tree-pipe, at the fixed caps; 0: not).")] = 0,
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
@@ -643,14 +646,15 @@ def benchmark(
     if mlx_lm:
         modes.append("mlx-lm")
     if compiled_step:
-        modes.append("compiled-step")
+        modes += ["compiled-step", "plain-step"]
     if tree_nodes:
         if "dspark" not in modes:
             raise DsparkError("--tree-nodes needs a DSpark head (--drafter) to draft the trees; drop it or pass one.")
         modes += ["dspark-tree", "dspark-tree-pipe"]  # beside dspark and dspark-pipe: the plain loop and the pipelined one
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
-                      launch_every=launch_every, precisions=_csv(precisions), interleave_precisions=interleave_precisions, **({"tree_nodes": tree_nodes} if tree_nodes else {}))
+                      launch_every=launch_every, precisions=_csv(precisions), interleave_precisions=interleave_precisions,
+                      baseline_step=baseline_step, **({"tree_nodes": tree_nodes} if tree_nodes else {}))
     rid = run_sweep(cfg, db, progress=True, on_event=_sweep_events(verbose=False))
     engine = open_db(db)
     try:

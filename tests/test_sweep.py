@@ -401,7 +401,7 @@ def test_launch_every_changes_no_output_and_keeps_old_grid_keys(tiny_dirs, head,
 
     legacy = asdict(plain)
     del legacy["draft_models"], legacy["launch_every"], legacy["pipe_lookup"], legacy["compile_draft"], legacy["tree_nodes"], legacy["precisions"]
-    del legacy["interleave_precisions"]
+    del legacy["interleave_precisions"], legacy["baseline_step"]
     assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
     outs = []
     for cfg, name in ((plain, "a"), (early, "b")):
@@ -434,7 +434,7 @@ def test_pipelined_arm_options_reach_the_loop_and_keep_old_grid_keys(tiny_dirs, 
     import hashlib
 
     legacy = asdict(plain)
-    for name in ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "tree_nodes", "precisions", "interleave_precisions"):
+    for name in ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "tree_nodes", "precisions", "interleave_precisions", "baseline_step"):
         del legacy[name]
     assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
     db = tmp_path / "p.duckdb"
@@ -606,11 +606,78 @@ def test_compiled_step_reference_arm_runs_beside_the_baseline(tiny_dirs, tmp_pat
         calls.clear()
         db2 = tmp_path / f"step_{takes}.duckdb"
         run_sweep(SweepConfig(models=[str(model)], modes=["baseline", "compiled-step"], caps=["2"], prompt_sets=["code"],
-                              trials=1, max_new_tokens=8, prompt_limit=2, dtype=dtype), db2, progress=False)
+                              trials=1, max_new_tokens=8, prompt_limit=2, dtype=dtype, baseline_step="plain"), db2, progress=False)
         checked = json.loads(rows(db2, "select config from runs")[0][0])["step_attention_checked"][str(model)]
         assert checked["exact"] == takes, checked["reason"]
         assert rows(db2, "select count(*) filter (where lossless or mismatch_tie) from trials where mode = 'compiled-step'")[0] == (2,)
         assert len(calls) > len(ATTENTION_OFFSETS) if takes else not calls  # decoded through it where its check passed
+
+
+def test_the_baseline_steps_as_generate_does_and_a_resumed_run_keeps_its_step(tiny_dirs, tmp_path, monkeypatch):
+    """The baseline arm (every speedup's denominator) decodes as `generate --mode baseline` does
+    on the machine: off CUDA plainly; on CUDA through the compiled step where the greedy-step probe
+    says so; or as --baseline-step forces. plain-step runs the plain step beside it, and a resumed
+    run keeps the step its stored baseline trials took (plainly, for a run from before the choice
+    was recorded), whatever is asked or probed now."""
+    import dspark_lab.engine as engine_mod
+    import dspark_lab.engine.kernels as kernels
+    import dspark_lab.lab.kernel_probe as kp
+    from dspark_lab.lab.kernel_probe import KernelVerdict
+
+    steps = []  # (compiled_step, tokens) of every greedy_generate the sweep calls
+    real = engine_mod.greedy_generate
+
+    def spy(*a, **kw):
+        r = real(*a, **kw)
+        steps.append((kw.get("compiled_step", False), r.token_ids))
+        return r
+
+    monkeypatch.setattr(engine_mod, "greedy_generate", spy)
+    model = str(tiny_dirs["qwen3"])
+
+    def sweep(db, **kw):
+        steps.clear()
+        run_sweep(SweepConfig(models=[model], modes=["baseline", "plain-step"], caps=["2"], prompt_sets=["code"], trials=1,
+                              max_new_tokens=8, prompt_limit=2, warmup=False, **kw), db, progress=False)
+        config = json.loads(rows(db, "select config from runs order by started_at desc")[0][0])
+        return config.get("baseline_step_chosen", {}).get(model), [c for c, _ in steps]
+
+    chosen, compiled = sweep(tmp_path / "cpu.duckdb")  # no CUDA here: plainly, as generate does
+    assert chosen == {"step": "plain", "asked": "auto"} and compiled == [False] * 4
+    chosen, compiled = sweep(tmp_path / "forced.duckdb", baseline_step="compiled")
+    assert chosen["step"] == "compiled" and compiled == [True, False, True, False]  # the baseline, then plain-step, a prompt
+    assert steps[0][1] == steps[1][1]  # the same tokens either way (float32 on the CPU)
+    assert rows(tmp_path / "forced.duckdb", "select count(*) filter (where lossless) from trials where mode = 'plain-step'")[0] == (2,)
+
+    says = {"use": True}
+    asked = []
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(kp, "choose_greedy_step", lambda target, **kw: asked.append(kw["model_id"]) or KernelVerdict(
+        "rows_attention", says["use"], "stood in", exact=says["use"]))
+    import dspark_lab.engine.attention_kernel as ak
+    monkeypatch.setattr(ak, "rows_attention", lambda: ak.reference_rows_attention)
+    db = tmp_path / "cuda.duckdb"
+    chosen, compiled = sweep(db)
+    assert asked == [model] and chosen["step"] == "compiled" and chosen["probe"]["use"] and compiled[0::2] == [True, True]
+    # Resumed: a run that chose the compiled step keeps it though the probe now says otherwise, and
+    # one from before the choice was recorded steps plainly though the probe says compile.
+    for before, now, expect in (("compiled", False, True), (None, True, False)):
+        con = duckdb.connect(str(db))
+        config = json.loads(con.execute("select config from runs").fetchone()[0])
+        if before is None:
+            del config["baseline_step_chosen"]
+        con.execute("update runs set status = 'interrupted', config = ?", [json.dumps(config)])
+        con.execute("delete from trials where prompt_id = (select max(prompt_id) from trials)")
+        con.close()
+        says["use"] = now
+        steps.clear()
+        asked.clear()
+        run_sweep(SweepConfig(models=[model], modes=["baseline", "plain-step"], caps=["2"], prompt_sets=["code"], trials=1,
+                              max_new_tokens=8, prompt_limit=2, warmup=False), db, resume=True, progress=False)
+        assert not asked and [c for c, _ in steps] == [expect, False], before
+        assert rows(db, "select count(*), count(distinct arm_key) from trials")[0] == (4, 4)
+    with pytest.raises(InputError, match="--baseline-step 'fast'"):
+        SweepConfig(models=[model], modes=["baseline"], baseline_step="fast")
 
 
 def test_every_trial_is_put_against_the_bandwidth_limit(tiny_dirs, tmp_path):

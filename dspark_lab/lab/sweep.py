@@ -31,15 +31,18 @@ from ..errors import DsparkError, InputError, LoadError
 from ..schemas.records import Run, Trial, utcnow
 
 MODES = ("baseline", "lookup", "dspark", "dspark-pipe", "dspark-tree", "dspark-tree-pipe", "dflash", "draft", "draft-pipe", "mlx-lm",
-         "compiled-step")
+         "compiled-step", "plain-step")
 # mlx-lm: mlx-lm's own decoder on the same model (engine/reference.py), one trial per prompt beside
 # the baseline: its "speedup" is mlx-lm's rate over our greedy's, measured side by side.
 # compiled-step: our plain decoding with each one-row step a compiled replay
 # (greedy_generate(compiled_step=True)), its attention through engine/attention_kernel.py on CUDA
 # where the kernel passes its check at the model's head layout: what `generate --mode baseline
-# --attention-kernel` runs, beside the plain step the baseline keeps (1.07-1.10x it on an H100,
-# docs/performance.md, forty-first round).
-REFERENCE_MODES = ("mlx-lm", "compiled-step")
+# --attention-kernel` runs (1.10-1.14x the plain step on an H100, docs/performance.md, forty-second
+# round). plain-step: our plain decoding stepping plainly, one uncompiled forward a token.
+# The baseline arm itself decodes as `generate --mode baseline` does on the machine
+# (SweepConfig.baseline_step), so every speedup is over the plain decoding a user gets there;
+# compiled-step and plain-step show both steps beside it whichever it took.
+REFERENCE_MODES = ("mlx-lm", "compiled-step", "plain-step")
 # The arms that decode one token a forward and draft nothing: no cap, no acceptance, never a
 # registry entry or a drafting chart's series.
 NON_DRAFTING_MODES = ("baseline", *REFERENCE_MODES)
@@ -56,6 +59,7 @@ TREE_MODES = ("dspark-tree", "dspark-tree-pipe")  # head modes that verify trees
 # the same trees chosen and verified on the device, one round in flight (engine/tree_pipeline.py;
 # the grid's compile_draft and pipe_lookup apply to it too).
 DRAFT_MODES = ("draft", "draft-pipe")  # modes that need a draft model
+BASELINE_STEPS = ("auto", "plain", "compiled")  # SweepConfig.baseline_step
 AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size (lookup, a draft model)
 # A sweep's precisions: each model also runs stored another way, made on load (no second download):
 # "as-loaded", "dequantized" (a quantized model's layers as float matrices), or weight bits
@@ -93,6 +97,11 @@ class SweepConfig:
     # Several precisions: held at once and run prompt by prompt in turn (_sweep_model); False: one
     # after another, one copy of the model in memory at a time.
     interleave_precisions: bool = True
+    # How the baseline arm (every speedup's denominator) steps: "auto", as `generate --mode
+    # baseline` does here (on CUDA the compiled one-row step through the attention kernel where
+    # lab/kernel_probe.choose_greedy_step, stored per machine and model, finds it faster; else
+    # plainly); "plain"; or "compiled". A resumed run keeps the step its baseline trials took.
+    baseline_step: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -110,6 +119,8 @@ class SweepConfig:
         for cap in self.caps:
             if cap != "auto" and not (cap.isdigit() and int(cap) >= 1):
                 raise InputError(f"cap {cap!r} is not a positive number or 'auto'.")
+        if self.baseline_step not in BASELINE_STEPS:
+            raise InputError(f"--baseline-step {self.baseline_step!r} is not one of {', '.join(BASELINE_STEPS)}.")
         if self.trials < 1 or self.max_new_tokens < 1:
             raise InputError("--trials and --max-new-tokens must be >= 1.")
         if self.cooldown < 0:
@@ -136,6 +147,8 @@ class SweepConfig:
             del fields["precisions"]
         if fields["interleave_precisions"]:
             del fields["interleave_precisions"]  # the default keeps the keys of grids from before it
+        if fields["baseline_step"] == "auto":
+            del fields["baseline_step"]  # likewise (such a run's baseline stepped plainly, and still does: _baseline_step)
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -352,7 +365,7 @@ def run_sweep(
                 s.add(Run(id=run_id, dspark_lab_version=__version__, device_key=device_key(stamp), machine=machine_class(stamp),
                           device_stamp=json.dumps(stamp, default=str),
                           config=json.dumps({**asdict(cfg), "key": cfg.key(), "prompt_set_versions": {p.name: p.version for p in sets},
-                                             "bandwidth": bandwidth})))
+                                             "bandwidth": bandwidth, "baseline_step_chosen": {}})))
             s.commit()
             done = {(t.arm_key, t.trial_index) for t in s.exec(select(Trial).where(Trial.run_id == run_id)).all()}
     except BaseException:
@@ -455,7 +468,8 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
         _note_chosen(engine, run_id, "launch_every_chosen", model_id, verdict.to_dict())
     else:
         target.launch_every = cfg.launch_every
-    if "compiled-step" in cfg.modes:
+    baseline_compiled = _baseline_step(cfg, target, tok, engine, run_id, model_id, say)
+    if baseline_compiled or "compiled-step" in cfg.modes:
         _route_step_attention(target, engine, run_id, model_id, say)
     drafters = {}  # (mode, drafter id) -> loaded head
     loaders = {"dspark": load_dspark, "dspark-pipe": load_dspark, "dspark-tree": load_dspark, "dspark-tree-pipe": load_dspark,
@@ -516,8 +530,8 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
             # A fresh controller per generation: each trial's cap choices depend on that trial alone.
             ctrl = CapController(curves_for[arm.key], max_cap=max_cap, prior=DEFAULT_ACCEPTANCE[arm.mode])
         cap = 0 if arm.cap in ("0", "auto") else int(arm.cap)
-        if arm.mode == "baseline":
-            r = greedy_generate(target, tok, prompt_input, max_new_tokens=max_new)
+        if arm.mode in ("baseline", "plain-step"):
+            r = greedy_generate(target, tok, prompt_input, max_new_tokens=max_new, compiled_step=arm.mode == "baseline" and baseline_compiled)
         elif arm.mode == "mlx-lm":
             r = mlx_lm_generate(target, tok, prompt_input, max_new_tokens=max_new)
         elif arm.mode == "compiled-step":
@@ -560,8 +574,40 @@ def _note_chosen(engine, run_id: str, what: str, key: str, verdict: dict) -> Non
         s.commit()
 
 
+def _baseline_step(cfg, target, tok, engine, run_id: str, model_id: str, say) -> bool:
+    """Whether this model's baseline arm steps compiled (cfg.baseline_step): a run resumed keeps
+    the step it chose before (a run from before the choice was recorded stepped plainly); "auto"
+    asks what `generate --mode baseline` asks on CUDA (kernel_probe.choose_greedy_step, stored per
+    machine and model: plain decoding timed both ways), and steps plainly elsewhere. The choice
+    goes in the run's config as baseline_step_chosen."""
+    from ..engine.kernels import cuda_available
+
+    with Session(engine) as s:
+        chosen = json.loads(s.get(Run, run_id).config).get("baseline_step_chosen")
+    if chosen is None:
+        say(f"{model_id}: the baseline steps plainly, as this run's stored baseline trials did")
+        return False
+    if model_id in chosen:
+        return chosen[model_id]["step"] == "compiled"
+    verdict = None
+    if cfg.baseline_step == "auto" and cuda_available():
+        from .kernel_probe import choose_greedy_step
+
+        verdict = choose_greedy_step(target, tokenizer=tok, db=engine, model_id=model_id)
+        compiled = verdict.use
+        why = f"as generate --mode baseline does here: {verdict.describe()}"
+    else:
+        compiled = cfg.baseline_step == "compiled"
+        why = "as asked" if cfg.baseline_step != "auto" else "as generate --mode baseline does off CUDA"
+    step = "compiled" if compiled else "plain"
+    say(f"{model_id}: the baseline steps {'through the compiled one-row step' if compiled else 'plainly'}, {why}")
+    _note_chosen(engine, run_id, "baseline_step_chosen", model_id,
+                 {"step": step, "asked": cfg.baseline_step, **({"probe": verdict.to_dict()} if verdict else {})})
+    return compiled
+
+
 def _route_step_attention(target, engine, run_id: str, model_id: str, say) -> None:
-    """For the compiled-step arm, on CUDA: the target's one-row array-offset attention through
+    """For a compiled step (the compiled-step arm, a compiled baseline), on CUDA: the target's one-row array-offset attention through
     engine/attention_kernel.py where the kernel passes its check at the model's head layout (the arm
     itself times it, beside the baseline); the check goes in the run's config. Other arms run a
     one-row forward at an array offset only where a pipelined loop's cap is 0."""

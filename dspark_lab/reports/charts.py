@@ -23,7 +23,7 @@ WIDTH, HEIGHT = 240, 170  # one facet panel
 RED = "#c0392b"  # reserved for "not lossless", so no mode may be drawn in red
 
 
-MODE_COLORS = {"baseline": "#4c78a8", "lookup": "#54a24b", "dspark": "#f58518", "dspark-pipe": "#9d755d", "dspark-tree": "#e45756", "dspark-tree-pipe": "#ff9da6", "dflash": "#b279a2", "draft": "#72b7b2", "draft-pipe": "#ff9da6", "mlx-lm": "#bab0ac", "compiled-step": "#79706e"}
+MODE_COLORS = {"baseline": "#4c78a8", "lookup": "#54a24b", "dspark": "#f58518", "dspark-pipe": "#9d755d", "dspark-tree": "#e45756", "dspark-tree-pipe": "#ff9da6", "dflash": "#b279a2", "draft": "#72b7b2", "draft-pipe": "#ff9da6", "mlx-lm": "#bab0ac", "compiled-step": "#79706e", "plain-step": "#d6a5c9"}
 
 
 def _mode_color(df: pl.DataFrame) -> alt.Color:
