@@ -121,6 +121,40 @@ def test_an_arm_is_paired_with_the_baseline_of_its_own_run(tmp_path):
     assert nobase["matched_prompts"] == 3 and 600.0 / 80.0 < nobase["speedup"] < 600.0 / 40.0
 
 
+def test_a_routed_copy_is_divided_by_its_models_plain_decoding(tmp_path):
+    """MODEL@rows-kernel's arms divide by MODEL's baseline where their run measured it: plain
+    decoding never routes products through the rows kernel, so MODEL's is the decoding a user
+    would otherwise get (the routed copy's own baseline, slower, inflated its speedups); without
+    MODEL's baseline in the run, the routed copy's own. Other models keep their own baseline."""
+    from labdb import _run
+
+    from dspark_lab.db.queries import plain_decoding_model
+
+    routed = f"{MODEL_A}@rows-kernel"
+    assert plain_decoding_model(routed) == MODEL_A and plain_decoding_model(f"{MODEL_A}@q8") == f"{MODEL_A}@q8"
+    engine = open_db(tmp_path / "db.duckdb")
+    with Session(engine) as s:
+        s.add(_run("both", METAL, "dk-metal", "metal"))
+        s.add(_run("routed-only", METAL, "dk-metal", "metal"))
+        for p in PROMPTS:
+            for i in range(2):
+                s.add(trial("both", MODEL_A, "baseline", "0", p, i, 100.0))
+                s.add(trial("both", MODEL_A, "dspark-pipe", "3", p, i, 150.0, drafter=HEAD_A))
+                s.add(trial("both", routed, "baseline", "0", p, i, 80.0))
+                s.add(trial("both", routed, "dspark-pipe", "3", p, i, 170.0, drafter=HEAD_A))
+                s.add(trial("routed-only", routed, "baseline", "0", p, i, 50.0))
+                s.add(trial("routed-only", routed, "dspark-pipe", "4", p, i, 100.0, drafter=HEAD_A))
+        s.commit()
+    rows = summary(engine, by_domain=False)
+    own = _row(rows, model_id=MODEL_A, mode="dspark-pipe", cap="3")
+    assert own["speedup"] == pytest.approx(1.5) and own["baseline_median_tok_s"] == pytest.approx(100.0)
+    arm = _row(rows, model_id=routed, mode="dspark-pipe", cap="3")
+    assert arm["speedup"] == pytest.approx(1.7) and arm["baseline_median_tok_s"] == pytest.approx(100.0)  # not 170 / 80
+    alone = _row(rows, model_id=routed, mode="dspark-pipe", cap="4")
+    assert alone["speedup"] == pytest.approx(2.0) and alone["baseline_median_tok_s"] == pytest.approx(50.0)
+    assert _row(rows, model_id=routed, mode="baseline", cap="0")["speedup"] == 1.0
+
+
 def test_summary_is_deterministic_in_the_seed(synthetic):
     assert summary(synthetic, seed=3).equals(summary(synthetic, seed=3))
     no_boot = summary(synthetic, n_boot=0, by_domain=False).filter(summary(synthetic, by_domain=False)["mode"] == "dspark")

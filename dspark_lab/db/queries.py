@@ -190,6 +190,19 @@ def _median_share(trials: pl.DataFrame) -> float | None:
     return float(share.median()) if share.len() else None
 
 
+def plain_decoding_model(model_id: str) -> str:
+    """The model whose baseline a `model_id` arm's speedup divides by where a run measured both:
+    for MODEL@rows-kernel, MODEL. Plain decoding never routes its products through the rows kernel
+    (the CLI routes a target only for a speculative loop, and load_pair's registry reading does the
+    same), so the decoding its user would otherwise get is MODEL's; the routed copy's own baseline
+    stepped through the routed layers' classes, 0.79-0.87x MODEL's on an H100 (forty-third round,
+    docs/performance.md), which inflated the routed entries' speedups. Every other model: itself."""
+    from ..engine.names import ROWS_KERNEL
+
+    suffix = f"@{ROWS_KERNEL}"
+    return model_id[: -len(suffix)] if model_id.endswith(suffix) else model_id
+
+
 def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000, seed: int = 0, *,
             by_domain: bool = True, trials: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per arm: (machine, model_id, drafter_id, mode, cap, domain), baselines included.
@@ -198,7 +211,8 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
     - median_tok_s: median decode tok/s over the arm's trials; baseline_median_tok_s: median of
       the same model's baseline trials on the prompts the arm shares with it (matched_prompts),
       from the arm's own runs where they have them;
-    - speedup: median over those prompts of (arm tok/s / baseline tok/s), each side averaged
+    - speedup: median over those prompts of (arm tok/s / baseline tok/s) (the baseline of
+      plain_decoding_model(model_id) where the arm's run has it: a routed copy's, its model's), each side averaged
       over its trials of that prompt in one run, the baseline taken from the same run (measured
       side by side) and, only where that run has none for the prompt, from every run on the same
       device; a prompt measured in several runs counts once, with the mean of its runs' ratios;
@@ -235,15 +249,20 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
     # Mean tok/s per (arm, prompt, run); each paired with the same model's baseline on that prompt
     # in the same run, else (a run without one) with the baseline pooled over the device's runs.
     # Then one ratio per (arm, prompt): the mean over the runs that measured it.
+    # A routed copy's arms (MODEL@rows-kernel) take MODEL's baseline where their run has it:
+    # plain_decoding_model below.
     target = ["machine", "model_id", "domain", *PROMPT_KEY]
     per_run = df.group_by(ARM_KEY + PROMPT_KEY + ["run_id"]).agg(pl.col("decode_tokens_per_sec").mean().alias("tok_s"))
     base_trials = df.filter(pl.col("mode") == "baseline")
     base_in_run = (per_run.filter(pl.col("mode") == "baseline")
                    .select(*target, "run_id", pl.col("tok_s").alias("base_in_run")))
+    base_plain = base_in_run.rename({"model_id": "plain_model_id", "base_in_run": "base_plain"})
     base_pooled = base_trials.group_by(target).agg(pl.col("decode_tokens_per_sec").mean().alias("base_pooled"))
-    paired = (per_run.join(base_in_run, on=[*target, "run_id"], how="left")
+    paired = (per_run.with_columns(plain_model_id=pl.col("model_id").map_elements(plain_decoding_model, return_dtype=pl.Utf8))
+              .join(base_plain, on=["machine", "plain_model_id", "domain", *PROMPT_KEY, "run_id"], how="left")
+              .join(base_in_run, on=[*target, "run_id"], how="left")
               .join(base_pooled, on=target, how="left")
-              .with_columns(base_tok_s=pl.coalesce("base_in_run", "base_pooled"))
+              .with_columns(base_tok_s=pl.coalesce("base_plain", "base_in_run", "base_pooled"))
               .filter(pl.col("base_tok_s").is_not_null() & (pl.col("base_tok_s") > 0))
               .group_by(ARM_KEY + PROMPT_KEY)
               .agg(ratio=(pl.col("tok_s") / pl.col("base_tok_s")).mean()))
@@ -255,9 +274,12 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
         # Baseline median over the baseline trials of exactly the prompts this arm shares with it,
         # from the arm's own runs where those hold any.
         shared = base_trials.join(matched.select(PROMPT_KEY).unique(), on=PROMPT_KEY, how="semi").filter(
-            (pl.col("machine") == arm["machine"]) & (pl.col("model_id") == arm["model_id"]) & (pl.col("domain") == arm["domain"]))
-        own = shared.filter(pl.col("run_id").is_in(g["run_id"].unique().to_list()))
-        shared = own if own.height else shared
+            (pl.col("machine") == arm["machine"]) & (pl.col("domain") == arm["domain"]))
+        runs = g["run_id"].unique().to_list()
+        plain = shared.filter((pl.col("model_id") == plain_decoding_model(arm["model_id"])) & pl.col("run_id").is_in(runs))
+        shared = shared.filter(pl.col("model_id") == arm["model_id"])
+        own = shared.filter(pl.col("run_id").is_in(runs))
+        shared = plain if plain.height and arm["mode"] != "baseline" else own if own.height else shared
         speedup = ci_lo = ci_hi = None
         if arm["mode"] == "baseline":
             speedup = ci_lo = ci_hi = 1.0
