@@ -607,10 +607,11 @@ def _baseline_step(cfg, target, tok, engine, run_id: str, model_id: str, say) ->
 
 
 def _route_step_attention(target, engine, run_id: str, model_id: str, say) -> None:
-    """For a compiled step (the compiled-step arm, a compiled baseline), on CUDA: the target's one-row array-offset attention through
-    engine/attention_kernel.py where the kernel passes its check at the model's head layout (the arm
-    itself times it, beside the baseline); the check goes in the run's config. Other arms run a
-    one-row forward at an array offset only where a pipelined loop's cap is 0."""
+    """For a compiled step (the compiled-step arm, a compiled baseline), on CUDA: the target's
+    one-row array-offset attention through engine/attention_kernel.py where the kernel passes its
+    check at the model's head layout (the arms themselves time it); the check goes in the run's
+    config. Other arms run a one-row forward at an array offset only where a pipelined loop's cap
+    is 0."""
     from ..engine.kernels import cuda_available
 
     if not cuda_available():
