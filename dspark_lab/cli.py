@@ -7,6 +7,7 @@ says what is wrong and how to fix it, and a traceback would only bury it.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shlex
 import sys
@@ -662,8 +663,8 @@ def benchmark(
         table = Table(*["precision"] * several, "mode", "cap", "domain", "tok/s", "base tok/s", "of limit", "speedup (95% CI)",
                       "accept", "lossless",
                       title=f"run {rid} on {db}",
-                      caption="base: our greedy on the same prompts; of limit: tok/s over the bandwidth limit (copy bandwidth / "
-                              "bytes a plain decode step reads)"
+                      caption=f"base: our greedy on the same prompts ({_baseline_steps(engine, rid)}); of limit: tok/s over the "
+                              "bandwidth limit (copy bandwidth / bytes a plain decode step reads)"
                               + ("; mlx-lm: mlx-lm's own decoder on the same model, its speedup its rate over our greedy's "
                                  "(under 1: ours is faster)" if mlx_lm else ""))
         for r in summary(engine, run_ids=[rid]).iter_rows(named=True):
@@ -684,6 +685,21 @@ def benchmark(
             out.print(f"result JSON: {export_run(engine, rid, json_out)}")
     finally:
         engine.dispose()
+
+
+def _baseline_steps(engine, run_id: str) -> str:
+    """How the run's baselines stepped, from its config (sweep --baseline-step): "compiled one-row
+    steps", "plain one-row steps", or each model's where they differ."""
+    from sqlmodel import Session
+
+    from .schemas.records import Run
+
+    with Session(engine) as s:
+        chosen = json.loads(s.get(Run, run_id).config).get("baseline_step_chosen") or {}
+    steps = {m: c["step"] for m, c in chosen.items()}
+    if len(set(steps.values())) == 1:
+        return f"{next(iter(steps.values()))} one-row steps"
+    return "; ".join(f"{Path(m).name}: {step}" for m, step in steps.items()) or "plain one-row steps"
 
 
 def _print_paired_precisions(engine, run_id: str, has_as_loaded: bool) -> None:

@@ -332,10 +332,14 @@ def test_benchmark_runs_a_dspark_head_in_its_own_modes_only(tiny_dirs, tmp_path)
 
 
 def test_benchmark_times_the_compiled_step_beside_the_plain_one_when_asked(tiny_dirs, tmp_path):
+    """--compiled-step adds both steps as rows beside the baseline, and the table says how the
+    baseline itself stepped (--baseline-step: here forced compiled, off CUDA)."""
     r = runner.invoke(app, ["benchmark", "-m", str(tiny_dirs["qwen3"]), "--caps", "2", "--trials", "1", "--prompts", "code",
-                            "--prompt-limit", "1", "-n", "4", "--no-mlx-lm", "--compiled-step", "--db", str(tmp_path / "c.duckdb")])
+                            "--prompt-limit", "1", "-n", "4", "--no-mlx-lm", "--compiled-step", "--baseline-step", "compiled",
+                            "--db", str(tmp_path / "c.duckdb")])
     assert r.exit_code == 0, r.output
-    assert "compiled-step" in r.output and "lookup" in r.output
+    assert "compiled-step" in r.output and "plain-step" in r.output and "lookup" in r.output
+    assert "compiled one-row steps" in " ".join(r.output.split())
 
 
 def test_benchmark_adds_tree_arms_when_asked(tiny_dirs, tmp_path):
