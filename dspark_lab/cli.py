@@ -319,7 +319,8 @@ def generate(
         engine = open_db(db)
         try:
             controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
-                                         drafter_id=draft_model if mode in draft_modes else drafter, db=engine)
+                                         drafter_id=draft_model if mode in draft_modes else drafter, db=engine,
+                                         compile_draft=bool(compile_draft) and mode is Mode.dspark_pipe)
         finally:
             engine.dispose()
     from .engine.kernels import cuda_available
@@ -389,7 +390,8 @@ def calibrate(
     model: ModelOpt,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark head (needed for --mode dspark).")] = None,
     draft_model: DraftModelOpt = None,
-    mode: Annotated[CalMode, typer.Option(help="What to calibrate: a DSpark or DFlash pair (--drafter), a draft model (--draft-model), or lookup decoding. The pipelined modes share their plain loop's curves (the same parts), from which --max-draft auto starts before it learns the pipelined rounds' own times.")] = CalMode.dspark,
+    mode: Annotated[CalMode, typer.Option(help="What to calibrate: a DSpark or DFlash pair (--drafter), a draft model (--draft-model), or lookup decoding. dspark-pipe measures the pipelined loop's own parts (the compiled verify at a device-held position, the draft as that loop calls it); draft-pipe shares mode draft's curves, from which --max-draft auto starts before it learns the pipelined rounds' own times.")] = CalMode.dspark,
+    compile_draft: Annotated[bool, typer.Option(help="--mode dspark-pipe: time the head's draft as one compiled trace per round, as generate --compile-draft runs it.")] = False,
     db: Annotated[Path, typer.Option(help="Results database (DuckDB) where curves are stored and reused.")] = Path("results.duckdb"),
     recalibrate: Annotated[bool, typer.Option(help="Measure again even when stored curves match this machine and pair.")] = False,
     repeats: Annotated[int, typer.Option(help="Timed repeats per point (after a warm-up).")] = 5,
@@ -409,21 +411,24 @@ def calibrate(
     from .lab.calibrate import CalibrationPlan, calibrate as run_calibration, validate
     from .lab.controller import static_cap
 
-    pipelined = mode.value.endswith("-pipe")
-    mode = CalMode(mode.value.removesuffix("-pipe"))  # the plain loop's parts, curves and database key
+    asked = mode.value
+    if mode is CalMode.draft_pipe:
+        mode = CalMode.draft  # the plain loop's parts, curves and database key
+    if compile_draft and mode is not CalMode.dspark_pipe:
+        raise DsparkError(f"--compile-draft times the pipelined loop's draft: it applies to --mode dspark-pipe, not --mode {asked}. Drop it.")
     if mode is CalMode.draft:
         from .engine import load_draft_pair
 
         if draft_model is None:
-            raise DsparkError(f"--mode {mode.value}{'-pipe' * pipelined} needs --draft-model DIR (a small model with this model's tokenizer).")
+            raise DsparkError(f"--mode {asked} needs --draft-model DIR (a small model with this model's tokenizer).")
         target, tokenizer, head, _ = load_draft_pair(model, draft_model, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code)
         drafter = draft_model
     elif mode is not CalMode.lookup:
         if drafter is None:
-            raise DsparkError(f"--mode {mode.value}{'-pipe' * pipelined} needs --drafter DIR; use --mode lookup to calibrate lookup decoding.")
+            raise DsparkError(f"--mode {asked} needs --drafter DIR; use --mode lookup to calibrate lookup decoding.")
         from .engine import load_dflash_pair
 
-        loader = load_pair if mode is CalMode.dspark else load_dflash_pair
+        loader = load_dflash_pair if mode is CalMode.dflash else load_pair
         target, tokenizer, head, _ = loader(model, drafter, drafter_bits=drafter_bits, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code)
     else:
         (target, tokenizer), head = load_target(model, kv_bits=kv_bits, dtype=dtype, trust_remote_code=trust_remote_code), None
@@ -435,8 +440,8 @@ def calibrate(
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("calibrating", total=2 * max_cap + 5)
         ctrl = run_calibration(target, head, mode=mode.value, model_id=model, drafter_id=drafter, max_cap=max_cap,
-                                               db=engine, recalibrate=recalibrate, plan=plan,
-                                               progress=lambda msg: bar.update(task, advance=1, description=msg))
+                               db=engine, recalibrate=recalibrate, plan=plan, compile_draft=compile_draft,
+                               progress=lambda msg: bar.update(task, advance=1, description=msg))
     curves, reused = ctrl.curves, ctrl.reused
     table = Table("width / cap", "verify ms (spread)", "fit ms", "drafter ms (spread)", "round ms", title="cost curves" + (" (stored, reused)" if reused else ""))
     for w in sorted(curves.verify):
@@ -451,14 +456,16 @@ def calibrate(
     out.print(f"overhead per round {curves.overhead.median_ms:.3f} ms; depth slope {1000 * curves.depth_slope_ms:.3f} us per context token")
     out.print(f"static cap at the assumed acceptance {ctrl.prior}: {static_cap(curves, ctrl.prior, max_cap)} (0 = plain decoding)")
     out.print(f"stored in {db}")
-    if pipelined:
-        out.print(f"--mode {mode.value}-pipe: these are mode {mode.value}'s curves (the same draft and verify parts); "
+    if asked == CalMode.draft_pipe.value:
+        out.print("--mode draft-pipe: these are mode draft's curves (the same draft and verify forwards); "
                   "--max-draft auto starts from them and learns the pipelined rounds' own times as it decodes")
+    elif mode is CalMode.dspark_pipe:
+        out.print("--mode dspark-pipe: the pipelined loop's parts (width 1: the compiled one-row step plain decoding replays)")
     if validate_caps:
         from .lab.prompts import load_prompt_set
 
         prompts = [p.as_input() for p in load_prompt_set("code").prompts[:4]]
-        report = validate(target, tokenizer, head, curves, prompts=prompts, max_cap=max_cap, mode=mode.value)
+        report = validate(target, tokenizer, head, curves, prompts=prompts, max_cap=max_cap, mode=mode.value, compile_draft=compile_draft)
         vt = Table("cap", "predicted round ms", "measured round ms", "error", "tok/s", title="validation")
         for r in report["rows"]:
             vt.add_row(str(r["cap"]), f"{r['predicted_round_ms']:.3f}", f"{r['measured_round_ms']:.3f}",

@@ -82,6 +82,56 @@ def test_controller_drives_generation_losslessly(pair):
     assert len(ctrl.history) > 0 and all(0 <= c <= 4 for c in ctrl.history)
 
 
+def test_a_pipelined_calibration_times_the_pipelined_loops_parts(pair, tmp_path, monkeypatch):
+    """Mode dspark-pipe measures its own loop's parts: each verify width is the compiled forward
+    at an array offset (Target.forward_at; width 1 the compiled one-row step), each draft the
+    loop's draft_step_at (compiled as asked), the overhead from real pipelined rounds. Its curves
+    are stored under their own key (the compiled draft and the target's routing in it), apart from
+    mode dspark's, and a controller on them drives the pipelined loop to the greedy tokens."""
+    import dspark_lab.engine.pipeline as pipeline
+
+    target, tok, drafter = pair
+    seen = {"forward_at": [], "draft_step_at": [], "rounds": 0}
+    real_forward_at, real_draft, real_loop = target.forward_at, drafter.draft_step_at, pipeline.pipelined_loop
+
+    def forward_at(ids, *a, **kw):
+        seen["forward_at"].append(ids.shape[0])
+        return real_forward_at(ids, *a, **kw)
+
+    def draft_step_at(*a, compiled=False, **kw):
+        seen["draft_step_at"].append(compiled)
+        return real_draft(*a, compiled=compiled, **kw)
+
+    def loop(*a, **kw):
+        seen["rounds"] += 1
+        return real_loop(*a, **kw)
+
+    monkeypatch.setattr(target, "forward_at", forward_at)
+    monkeypatch.setattr(drafter, "draft_step_at", draft_step_at)
+    monkeypatch.setattr(pipeline, "pipelined_loop", loop)
+    db = open_db(tmp_path / "r.duckdb")
+    ctrl = calibrate(target, drafter, mode="dspark-pipe", db=db, plan=PLAN, max_cap=4, compile_draft=True)
+    c = ctrl.curves
+    assert sorted(c.verify) == [1, 2, 3, 4, 5] and sorted(c.drafter) == [1, 2, 3, 4] and c.round_ms(3) > 0
+    assert {1, 2, 3, 4, 5} <= set(seen["forward_at"]) and seen["draft_step_at"] and all(seen["draft_step_at"])
+    assert seen["rounds"] == 2  # a warm-up and the timed rounds
+    assert calibrate(target, drafter, mode="dspark-pipe", db=db, plan=PLAN, max_cap=4, compile_draft=True).reused
+    assert not calibrate(target, drafter, mode="dspark-pipe", db=db, plan=PLAN, max_cap=4).reused  # the draft uncompiled
+    seen["forward_at"].clear()
+    assert not calibrate(target, drafter, mode="dspark", db=db, plan=PLAN, max_cap=4).reused  # the plain loop: its own
+    assert not seen["forward_at"]
+    with Session(db) as s:
+        rows = s.exec(select(CalibrationRecord).where(CalibrationRecord.mode == "dspark-pipe")).all()
+    assert len(rows) == 2 and {json.loads(r.options)["compile_draft"] for r in rows} == {True, False}
+    assert all(json.loads(r.options)["rows_routed"] is False for r in rows)
+    monkeypatch.undo()
+    for p in PROMPTS[:4] + REPETITIVE[:2]:
+        base = greedy_generate(target, tok, p, max_new_tokens=24)
+        r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, cap_controller=ctrl, pipeline=True, compile_draft=True)
+        assert r.token_ids == base.token_ids
+    assert ctrl.history and all(0 <= cap <= 4 for cap in ctrl.history)
+
+
 def test_lookup_calibration_needs_no_drafter(qwen3):
     target, tok = qwen3
     ctrl = calibrate(target, None, mode="lookup", plan=PLAN, max_cap=4)

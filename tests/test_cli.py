@@ -237,18 +237,24 @@ def test_calibrate_dspark_validate(tiny_dirs, tmp_path):
     assert "validation" in r.output and "controller's cap" in r.output
 
 
-def test_calibrate_a_pipelined_mode_stores_its_plain_loops_curves(tiny_dirs, tmp_path):
-    """--mode dspark-pipe / draft-pipe, as generate and sweep spell them: the same parts as the
-    plain loop's mode, so the same curves under the same key, and the run says so."""
+def test_calibrate_a_pipelined_mode(tiny_dirs, tmp_path):
+    """--mode dspark-pipe, as generate and sweep spell it, measures the pipelined loop's own parts
+    under their own key (mode dspark then measures its plain loop's); draft-pipe shares mode
+    draft's curves and says so; --compile-draft belongs to dspark-pipe alone."""
     from dspark_lab.tiny import build_tiny_dspark
 
     head = build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], block_size=3)
     db = str(tmp_path / "r.duckdb")
-    r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--db", db, "--repeats", "2", "--mode", "dspark-pipe"])
+    base = ["calibrate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--db", db, "--repeats", "2"]
+    r = runner.invoke(app, base + ["--mode", "dspark-pipe", "--compile-draft"])
     assert r.exit_code == 0, r.output
-    assert "these are mode dspark's curves" in r.output
-    r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "-d", str(head), "--db", db, "--repeats", "2"])
-    assert r.exit_code == 0 and "(stored, reused)" in r.output  # mode dspark finds what dspark-pipe stored
+    assert "the pipelined loop's parts" in r.output and "(stored, reused)" not in r.output
+    r = runner.invoke(app, base + ["--mode", "dspark-pipe", "--compile-draft"])
+    assert r.exit_code == 0 and "(stored, reused)" in r.output
+    r = runner.invoke(app, base)
+    assert r.exit_code == 0 and "(stored, reused)" not in r.output  # mode dspark: the plain loop's own curves
+    r = runner.invoke(app, base + ["--compile-draft"])
+    assert r.exit_code == 2 and "applies to --mode dspark-pipe" in r.output
     r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "--db", db, "--mode", "draft-pipe"])
     assert r.exit_code == 2 and "--mode draft-pipe needs --draft-model DIR" in r.output
     r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "--db", db, "--mode", "dspark-pipe"])

@@ -24,7 +24,12 @@ from ..engine.text import TextStream
 from .controller import DEFAULT_ACCEPTANCE, CapController
 from .curves import CostCurves, Point
 
-MODES = ("dspark", "lookup", "dflash", "draft")
+MODES = ("dspark", "lookup", "dflash", "draft", "dspark-pipe")
+# Measured in its own loop (_measure_pipelined): a pipelined round's verify is a compiled forward
+# at an array offset and its draft the loop's own call, whose costs differ from the plain loop's
+# parts (on an H100 the 1.5B's pipelined round cost 1.5 compiled plain steps at cap 2 and 2.2 at
+# cap 7, forty-third round, docs/performance.md): the cap worth running is a property of that loop.
+PIPELINED_MODES = ("dspark-pipe",)
 
 
 def _is_draft_model(drafter) -> bool:
@@ -167,8 +172,8 @@ def measure_curves(target: Target, drafter=None, *, plan: CalibrationPlan, progr
     slopes = [(long_pts[w].median_ms - verify[w].median_ms) / (plan.long_ctx - plan.short_ctx) for w in probe_widths]
     slope = float(sorted(slopes)[len(slopes) // 2])
 
-    # Overhead: real pipelined rounds at a reference cap, minus their model parts.
-    ref = max(1, min(plan.max_cap, 3))
+    # Overhead: real rounds at a reference cap, minus their model parts.
+    ref = _reference_cap(plan)
     # A draft model always drafts exactly the cap it is asked for: it is its own fixed width.
     source = DraftModelSource(drafter, vocab) if draft_model else _FixedWidth(drafter, ref)
     times: list[float] = []
@@ -182,6 +187,91 @@ def measure_curves(target: Target, drafter=None, *, plan: CalibrationPlan, progr
     say("overhead")
     return CostCurves(verify=verify, drafter=drafter_pts, overhead=overhead, depth_slope_ms=slope,
                       short_ctx=plan.short_ctx, long_ctx=plan.long_ctx)
+
+
+def _reference_cap(plan: CalibrationPlan) -> int:
+    """The cap whose real rounds, less their parts, give a curve's per-round overhead."""
+    return max(1, min(plan.max_cap, 3))
+
+
+def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compile_draft: bool,
+                       progress: Callable[[str], None] | None = None) -> CostCurves:
+    """Mode dspark-pipe's curves, its parts as the pipelined loop (engine/pipeline.py) runs them:
+    verify(w) the compiled forward of w rows at an array offset (Target.forward_at; width 1 is
+    the compiled one-row step plain decoding replays), drafter(c) the head's context append and
+    draft of c tokens (draft_step_at, one compiled trace with `compile_draft`), the depth slope
+    from the same forwards at a long context, and the overhead from real pipelined rounds at a
+    reference cap, less those parts (rounds overlap the host's building with the device's
+    computing, so it may be negative: round_ms counts it from 0)."""
+    from ..engine.pipeline import pipelined_loop
+    from ..engine.speculative import check_pipeline
+
+    check_pipeline(target, drafter)
+    say = progress or (lambda _msg: None)
+    taps = drafter.target_layer_ids
+    ids = mx.random.randint(0, max(2, target.vocab_size - 2), (plan.long_ctx + plan.max_cap + 2,),
+                            key=mx.random.key(0)).astype(mx.uint32)
+    params = SamplingParams()
+
+    def context(n):
+        cache = target.make_cache()
+        out = target.forward(ids[:n], cache, taps=taps, last_only=True)
+        mx.eval(out.logits, *out.taps.values())
+        return cache, out
+
+    def forward_at(cache, n, w):
+        # Each call writes the same rows at the same offset: nothing to trim between repeats.
+        return target.forward_at(ids[n : n + w], cache, mx.array(n, dtype=mx.int32), capacity=n + w, taps=taps)
+
+    def verify_points(cache, n, widths):
+        pts = {}
+        for w in widths:
+            def run():
+                out = forward_at(cache, n, w)
+                return [out.logits, *out.taps.values()]
+
+            _timed(run)  # warm-up: trace and compile this width
+            pts[w] = Point.of([_timed(run) for _ in range(plan.repeats)])
+            say(f"verify width {w}")
+        return pts
+
+    n = plan.short_ctx
+    cache, out = context(n)
+    verify = verify_points(cache, n, list(range(1, plan.max_cap + 2)))
+
+    # A round drafts after the previous round's rows (its c + 1 tapped rows, appended where that
+    # round began) from one position further on, as after a round that accepted nothing.
+    drafter.reset()
+    drafter.append_context(out.taps)
+    drafter.ensure_capacity(n + plan.max_cap + 2 + drafter.config.block_size)
+    at = mx.array(n, dtype=mx.int32)
+    drafter_pts: dict[int, Point] = {}
+    for c in range(1, plan.max_cap + 1):
+        rows = forward_at(cache, n, c + 1).taps
+        mx.eval(*rows.values())
+        pending = ids[n + 1 : n + 2]
+        run = lambda: drafter.draft_step_at(rows, at, pending, c, params, at + 1, compiled=compile_draft).tokens  # noqa: E731
+        _timed(run)
+        drafter_pts[c] = Point.of([_timed(run) for _ in range(plan.repeats)])
+        say(f"drafter cap {c}")
+
+    probe_widths = sorted({1, (plan.max_cap + 2) // 2, plan.max_cap + 1})
+    cache, _ = context(plan.long_ctx)
+    long_pts = verify_points(cache, plan.long_ctx, probe_widths)
+    slopes = [(long_pts[w].median_ms - verify[w].median_ms) / (plan.long_ctx - n) for w in probe_widths]
+    slope = float(sorted(slopes)[len(slopes) // 2])
+
+    ref = _reference_cap(plan)
+    times: list[float] = []
+    prompt = ids[:n].tolist()
+    for tokens, on_round in ((4, None), (plan.overhead_rounds * (ref + 1), lambda k, m, sec: times.append(sec))):
+        pipelined_loop(target, prompt, params, drafter, max_new_tokens=tokens, cap=ref, stream=TextStream(_NoText()),
+                       mode="calibrate", on_round=on_round, compile_draft=compile_draft)
+    rounds = Point.of(times)
+    overhead = Point(rounds.median_ms - drafter_pts[ref].median_ms - verify[ref + 1].median_ms, rounds.spread_ms, rounds.samples)
+    say("overhead")
+    return CostCurves(verify=verify, drafter=drafter_pts, overhead=overhead, depth_slope_ms=slope,
+                      short_ctx=n, long_ctx=plan.long_ctx)
 
 
 def calibration_key(device_key: str, model_id: str, drafter_id: str | None, mode: str, options: dict) -> str:
@@ -226,17 +316,20 @@ def calibrate(
     acceptance=None,
     plan: CalibrationPlan | None = None,
     progress: Callable[[str], None] | None = None,
+    compile_draft: bool = False,
 ) -> CapController:
     """A CapController on this machine's cost curves for the pair: stored curves when the key
     matches (unless `recalibrate`), freshly measured (and stored) otherwise. The controller
-    carries them as `.curves`, and `.reused` says whether they came from the database."""
+    carries them as `.curves`, and `.reused` says whether they came from the database.
+    Mode dspark-pipe measures the pipelined loop's own parts (_measure_pipelined; `compile_draft`
+    as the loop will run, and the target's routing, are part of the key)."""
     from ..errors import InputError
     from .device import collect_device_stamp, device_key, machine_class
 
-    if mode in ("dspark-pipe", "draft-pipe"):
-        # The same drafter and parts as the plain loop's mode: its curves are where the controller
-        # starts; it then learns the pipelined loop's real round times from what each round reports.
-        mode = mode.removesuffix("-pipe")
+    if mode == "draft-pipe":
+        # A draft model drafts through the same forwards in either loop: the plain loop's curves
+        # are where the controller starts, and it learns the pipelined rounds' times as they come.
+        mode = "draft"
     if mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
     if mode != "lookup" and drafter is None:
@@ -251,6 +344,10 @@ def calibrate(
     options = {"max_cap": max_cap, "kv_bits": target.kv_bits, "target_bits": _bits(target.model),
                "drafter_bits": _bits(drafter_weights) if drafter_weights is not None else None,
                "drafter_window": getattr(drafter, "window", None), "short_ctx": plan.short_ctx, "long_ctx": plan.long_ctx}
+    if mode in PIPELINED_MODES:
+        # What else sets a pipelined round's cost (the plain modes' keys stay as they were).
+        options.update(compile_draft=bool(compile_draft), rows_routed=bool(target.rows_routed),
+                       attention_routed=target.attention_route is not None)
     stamp = collect_device_stamp(options)
     model_id = model_id or target.name
     drafter_id = drafter_id or (getattr(drafter, "name", None) if drafter is not None else None)
@@ -260,7 +357,8 @@ def calibrate(
         curves = load_stored(db, key)
         reused = curves is not None
     if curves is None:
-        curves = measure_curves(target, drafter, plan=plan, progress=progress)
+        curves = (_measure_pipelined(target, drafter, plan=plan, compile_draft=compile_draft, progress=progress)
+                  if mode in PIPELINED_MODES else measure_curves(target, drafter, plan=plan, progress=progress))
         if db is not None:
             from sqlmodel import Session
 
@@ -291,10 +389,11 @@ class FixedCap:
 
 
 def validate(target: Target, tokenizer, drafter, curves: CostCurves, *, prompts: list, max_cap: int, mode: str = "dspark",
-             max_new_tokens: int = 64, progress: Callable[[str], None] | None = None) -> dict:
+             max_new_tokens: int = 64, progress: Callable[[str], None] | None = None, compile_draft: bool = False) -> dict:
     """Run the pair at every cap on `prompts`: predicted vs measured round time, and whether the
     cap the controller would choose (at the acceptance measured here) is within 5% of the best
-    measured rate."""
+    measured rate. Mode dspark-pipe runs the pipelined loop (`compile_draft` as calibrated), its
+    plain decoding the compiled one-row step its curve's width 1 measured."""
     from ..engine.generate import lookup_generate
     from ..engine.speculative import draft_model_generate, speculative_generate
     from .controller import static_cap
@@ -302,7 +401,8 @@ def validate(target: Target, tokenizer, drafter, curves: CostCurves, *, prompts:
     from ..engine.generate import greedy_generate
 
     say = progress or (lambda _m: None)
-    results = [greedy_generate(target, tokenizer, p, max_new_tokens=max_new_tokens) for p in prompts]
+    pipelined = mode in PIPELINED_MODES
+    results = [greedy_generate(target, tokenizer, p, max_new_tokens=max_new_tokens, compiled_step=pipelined) for p in prompts]
     plain_tokens = sum(r.num_tokens - 1 for r in results)
     plain_seconds = sum((r.num_tokens - 1) / r.decode_tokens_per_sec for r in results if r.decode_tokens_per_sec)
     rows = [{"cap": 0, "predicted_round_ms": curves.plain_ms(), "measured_round_ms": 1000 * plain_seconds / max(plain_tokens, 1),
@@ -318,7 +418,8 @@ def validate(target: Target, tokenizer, drafter, curves: CostCurves, *, prompts:
             elif mode == "draft":
                 r = draft_model_generate(target, tokenizer, drafter, p, max_new_tokens=max_new_tokens, max_draft_tokens=max_cap, cap_controller=fixed)
             else:
-                r = speculative_generate(target, tokenizer, drafter, p, max_new_tokens=max_new_tokens, cap_controller=fixed, lookup_drafts=False)
+                r = speculative_generate(target, tokenizer, drafter, p, max_new_tokens=max_new_tokens, cap_controller=fixed, lookup_drafts=False,
+                                         **({"pipeline": True, "compile_draft": compile_draft} if pipelined else {}))
             tokens += r.num_tokens - 1
             seconds += (r.num_tokens - 1) / r.decode_tokens_per_sec if r.decode_tokens_per_sec else 0.0
         full = [(k, n, s) for k, n, s in fixed.rounds if k == cap]
