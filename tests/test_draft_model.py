@@ -333,7 +333,7 @@ def test_sweep_draft_mode_needs_a_draft_model(tiny_dirs):
 
     cfg = SweepConfig(models=["m"], modes=["baseline", "lookup"])
     newer = ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "tree_nodes", "precisions",
-             "interleave_precisions")  # all newer than the key
+             "interleave_precisions", "baseline_step")  # all newer than the key
     old = {k: v for k, v in asdict(cfg).items() if k not in newer}
     assert cfg.key() == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
     assert SweepConfig(models=["m"], modes=["baseline", "lookup"], draft_models=["d"]).key() != cfg.key()
