@@ -84,6 +84,30 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
+def _token_ids(target: Target, plan: CalibrationPlan) -> mx.array:
+    """The tokens a calibration feeds: random (a fixed key, the same every time), enough for the
+    long context and the widest verify after it."""
+    return mx.random.randint(0, max(2, target.vocab_size - 2), (plan.long_ctx + plan.max_cap + 2,),
+                             key=mx.random.key(0)).astype(mx.uint32)
+
+
+def _prefilled(target: Target, ids: mx.array, n: int, taps):
+    """A fresh cache holding ids[:n], and the prefill's output (its taps start a head's context)."""
+    cache = target.make_cache()
+    out = target.forward(ids[:n], cache, taps=taps, last_only=True)
+    mx.eval(out.logits, *out.taps.values())
+    return cache, out
+
+
+def _depth_slope(verify: dict[int, Point], at_long_context: Callable[[list[int]], dict[int, Point]], plan: CalibrationPlan) -> float:
+    """ms per context token: a few widths timed again at the long context (`at_long_context(widths)`,
+    as the short context's were), the median of their slopes."""
+    widths = sorted({1, (plan.max_cap + 2) // 2, plan.max_cap + 1})
+    long_pts = at_long_context(widths)
+    slopes = [(long_pts[w].median_ms - verify[w].median_ms) / (plan.long_ctx - plan.short_ctx) for w in widths]
+    return float(sorted(slopes)[len(slopes) // 2])
+
+
 def measure_curves(target: Target, drafter=None, *, plan: CalibrationPlan, progress: Callable[[str], None] | None = None) -> CostCurves:
     """Measure verify(w), drafter(c), the per-round overhead and the depth slope. `drafter`
     is a head, a draft model (a `Target`) or None (lookup)."""
@@ -93,14 +117,8 @@ def measure_curves(target: Target, drafter=None, *, plan: CalibrationPlan, progr
     draft_model = _is_draft_model(drafter)
     taps = drafter.target_layer_ids if drafter is not None and not draft_model else ()
     vocab = target.vocab_size
-    ids = mx.random.randint(0, max(2, vocab - 2), (plan.long_ctx + plan.max_cap + 2,), key=mx.random.key(0)).astype(mx.uint32)
+    ids = _token_ids(target, plan)
     params = SamplingParams()
-
-    def context(n):
-        cache = target.make_cache()
-        out = target.forward(ids[:n], cache, taps=taps, last_only=True)
-        mx.eval(out.logits, *out.taps.values())
-        return cache, out
 
     def verify_points(cache, n, widths):
         pts = {}
@@ -122,7 +140,7 @@ def measure_curves(target: Target, drafter=None, *, plan: CalibrationPlan, progr
         return pts
 
     widths = list(range(1, plan.max_cap + 2))
-    cache, out = context(plan.short_ctx)
+    cache, out = _prefilled(target, ids, plan.short_ctx, taps)
     verify = verify_points(cache, plan.short_ctx, widths)
 
     drafter_pts: dict[int, Point] = {}
@@ -165,12 +183,7 @@ def measure_curves(target: Target, drafter=None, *, plan: CalibrationPlan, progr
                 samples.append(time.perf_counter() - t)
             drafter_pts[c] = Point.of(samples)
 
-    # Depth slope: the same widths at a long context.
-    probe_widths = sorted({1, (plan.max_cap + 2) // 2, plan.max_cap + 1})
-    cache, _ = context(plan.long_ctx)
-    long_pts = verify_points(cache, plan.long_ctx, probe_widths)
-    slopes = [(long_pts[w].median_ms - verify[w].median_ms) / (plan.long_ctx - plan.short_ctx) for w in probe_widths]
-    slope = float(sorted(slopes)[len(slopes) // 2])
+    slope = _depth_slope(verify, lambda ws: verify_points(_prefilled(target, ids, plan.long_ctx, taps)[0], plan.long_ctx, ws), plan)
 
     # Overhead: real rounds at a reference cap, minus their model parts.
     ref = _reference_cap(plan)
@@ -209,15 +222,8 @@ def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compil
     check_pipeline(target, drafter)
     say = progress or (lambda _msg: None)
     taps = drafter.target_layer_ids
-    ids = mx.random.randint(0, max(2, target.vocab_size - 2), (plan.long_ctx + plan.max_cap + 2,),
-                            key=mx.random.key(0)).astype(mx.uint32)
+    ids = _token_ids(target, plan)
     params = SamplingParams()
-
-    def context(n):
-        cache = target.make_cache()
-        out = target.forward(ids[:n], cache, taps=taps, last_only=True)
-        mx.eval(out.logits, *out.taps.values())
-        return cache, out
 
     def forward_at(cache, n, w):
         # Each call writes the same rows at the same offset: nothing to trim between repeats.
@@ -236,7 +242,7 @@ def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compil
         return pts
 
     n = plan.short_ctx
-    cache, out = context(n)
+    cache, out = _prefilled(target, ids, n, taps)
     verify = verify_points(cache, n, list(range(1, plan.max_cap + 2)))
 
     # A round drafts after the previous round's rows (its c + 1 tapped rows, appended where that
@@ -255,11 +261,7 @@ def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compil
         drafter_pts[c] = Point.of([_timed(run) for _ in range(plan.repeats)])
         say(f"drafter cap {c}")
 
-    probe_widths = sorted({1, (plan.max_cap + 2) // 2, plan.max_cap + 1})
-    cache, _ = context(plan.long_ctx)
-    long_pts = verify_points(cache, plan.long_ctx, probe_widths)
-    slopes = [(long_pts[w].median_ms - verify[w].median_ms) / (plan.long_ctx - n) for w in probe_widths]
-    slope = float(sorted(slopes)[len(slopes) // 2])
+    slope = _depth_slope(verify, lambda ws: verify_points(_prefilled(target, ids, plan.long_ctx, taps)[0], plan.long_ctx, ws), plan)
 
     ref = _reference_cap(plan)
     times: list[float] = []
