@@ -887,13 +887,11 @@ def quantize_head_cmd(
 @friendly_errors
 def doctor():
     """Print this machine's device stamp and check the environment (backend, versions, memory, cache)."""
-    import json as _json
-
     from .lab.device import collect_device_stamp, doctor_report, machine_class
 
     stamp = collect_device_stamp()
     out.print(f"[bold]{machine_class(stamp)}[/]")
-    out.print(_json.dumps(stamp, indent=2, default=str), highlight=False)
+    out.print(json.dumps(stamp, indent=2, default=str), highlight=False)
     table = Table("check", "status", "detail")
     colors = {"ok": "green", "warn": "yellow", "fail": "red"}
     failed = False
