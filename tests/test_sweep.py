@@ -680,6 +680,40 @@ def test_the_baseline_steps_as_generate_does_and_a_resumed_run_keeps_its_step(ti
         SweepConfig(models=[model], modes=["baseline"], baseline_step="fast")
 
 
+def test_a_routed_copys_baseline_steps_as_its_models_does(tmp_path, monkeypatch):
+    """MODEL@rows-kernel's baseline takes the step MODEL's chose in the run (at one row the routed
+    layers run their own product), without probing again; a routed copy whose model was not
+    measured in the run probes for itself, as any model does."""
+    from sqlmodel import Session
+
+    import dspark_lab.engine.kernels as kernels
+    import dspark_lab.lab.kernel_probe as kp
+    from dspark_lab.lab.kernel_probe import KernelVerdict
+    from dspark_lab.lab.sweep import _baseline_step
+    from dspark_lab.schemas.records import Run
+
+    engine = open_db(tmp_path / "r.duckdb")
+    with Session(engine) as s:
+        s.add(Run(id="r1", dspark_lab_version="0", device_key="d", machine="m", device_stamp="{}",
+                  config=json.dumps({"baseline_step_chosen": {"/m/a": {"step": "compiled", "asked": "auto"}}})))
+        s.commit()
+    asked = []
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(kp, "choose_greedy_step", lambda target, **kw: asked.append(kw["model_id"]) or KernelVerdict(
+        "rows_attention", False, "stood in", exact=True))
+    said = []
+    cfg = SweepConfig(models=["/m/a"], modes=["baseline"])
+    assert _baseline_step(cfg, None, None, engine, "r1", "/m/a@rows-kernel", said.append) is True
+    assert asked == [] and "as /m/a's does (compiled)" in said[0]
+    assert _baseline_step(cfg, None, None, engine, "r1", "/m/b@rows-kernel", said.append) is False
+    assert asked == ["/m/b@rows-kernel"]
+    with Session(engine) as s:
+        chosen = json.loads(s.get(Run, "r1").config)["baseline_step_chosen"]
+    assert chosen["/m/a@rows-kernel"] == {"step": "compiled", "asked": "auto", "as": "/m/a"}
+    assert chosen["/m/b@rows-kernel"]["step"] == "plain" and "as" not in chosen["/m/b@rows-kernel"]
+    engine.dispose()
+
+
 def test_every_trial_is_put_against_the_bandwidth_limit(tiny_dirs, tmp_path):
     """A run measures its copy bandwidth and each model's bytes a step reads, so every trial has
     its plain-decoding limit and every summary row its share of it (issue #10); a run that never

@@ -194,9 +194,10 @@ def plain_decoding_model(model_id: str) -> str:
     """The model whose baseline a `model_id` arm's speedup divides by where a run measured both:
     for MODEL@rows-kernel, MODEL. Plain decoding never routes its products through the rows kernel
     (the CLI routes a target only for a speculative loop, and load_pair's registry reading does the
-    same), so the decoding its user would otherwise get is MODEL's. In the forty-third round's
-    sweeps on an H100 (docs/performance.md) the routed copy's own baseline ran 0.79-0.87x MODEL's,
-    which inflated the routed entries' speedups. Every other model: itself."""
+    same), so the decoding its user would otherwise get is MODEL's. In one of the forty-third
+    round's sweeps on an H100 (docs/performance.md) the routed copy's own baseline, its probe
+    having chosen the plain step where MODEL's chose the compiled one, ran 0.79-0.87x MODEL's and
+    inflated the routed entries' speedups. Every other model: itself."""
     from ..engine.names import ROWS_KERNEL
 
     suffix = f"@{ROWS_KERNEL}"

@@ -579,8 +579,9 @@ def _baseline_step(cfg, target, tok, engine, run_id: str, model_id: str, say) ->
     """Whether this model's baseline arm steps compiled (cfg.baseline_step): a run resumed keeps
     the step it chose before (a run from before the choice was recorded stepped plainly); "auto"
     asks what `generate --mode baseline` asks on CUDA (kernel_probe.choose_greedy_step, stored per
-    machine and model: plain decoding timed both ways), and steps plainly elsewhere. The choice
-    goes in the run's config as baseline_step_chosen."""
+    machine and model: plain decoding timed both ways), and steps plainly elsewhere; a routed copy
+    (MODEL@rows-kernel) steps as MODEL's baseline did where the run measured MODEL first. The
+    choice goes in the run's config as baseline_step_chosen."""
     from ..engine.kernels import cuda_available
 
     with Session(engine) as s:
@@ -590,6 +591,16 @@ def _baseline_step(cfg, target, tok, engine, run_id: str, model_id: str, say) ->
         return False
     if model_id in chosen:
         return chosen[model_id]["step"] == "compiled"
+    model, label = split_variant(model_id)
+    if label == ROWS_KERNEL and model in chosen:
+        # A routed copy's one-row step calls each layer's own product (the kernel takes rows 2 to
+        # 7), so it is its model's step: probing it again only draws another sample of the
+        # machine's noise. In the forty-third round the 1.5B's routed copy drew "plain" where its
+        # model drew "compiled", and its baseline ran 0.79-0.87x the model's (docs/performance.md).
+        step = chosen[model]["step"]
+        say(f"{model_id}: the baseline steps as {model}'s does ({step}): at one row the routed layers run their own product")
+        _note_chosen(engine, run_id, "baseline_step_chosen", model_id, {"step": step, "asked": cfg.baseline_step, "as": model})
+        return step == "compiled"
     verdict = None
     if cfg.baseline_step == "auto" and cuda_available():
         from .kernel_probe import choose_greedy_step
