@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import importlib.util
 import json
 import shutil
 import tempfile
 import uuid
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,6 +26,18 @@ from sqlmodel import Session
 from dspark_lab.db.store import open_db
 from dspark_lab.lab.curves import CostCurves, Point
 from dspark_lab.schemas.records import CalibrationRecord, Run, Trial
+
+# SweepConfig fields newer than its grid key: a grid that leaves them at their defaults keeps the
+# key it had before they existed, so an old unfinished run still resumes. A new field goes here.
+NEWER_THAN_THE_GRID_KEY = ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "tree_nodes", "precisions",
+                           "interleave_precisions", "baseline_step")
+
+
+def legacy_grid_key(cfg) -> str:
+    """The key a sweep grid had before the fields in NEWER_THAN_THE_GRID_KEY existed."""
+    old = {k: v for k, v in asdict(cfg).items() if k not in NEWER_THAN_THE_GRID_KEY}
+    return hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
+
 
 EVIL = "<script>alert(1)</script>"
 

@@ -22,7 +22,7 @@ from dspark_lab.schemas.records import SCHEMA_VERSION
 from dspark_lab.lab.sweep import SweepConfig, load_grid, run_sweep
 from dspark_lab.tiny import build_tiny_dspark
 
-from labdb import store_other_weights
+from labdb import legacy_grid_key, store_other_weights
 from scripts import BENCHMARKS
 
 runner = CliRunner()
@@ -396,13 +396,7 @@ def test_launch_every_changes_no_output_and_keeps_old_grid_keys(tiny_dirs, head,
     plain = small_config(tiny_dirs["qwen3"], head, caps=["2"], trials=1)
     early = small_config(tiny_dirs["qwen3"], head, caps=["2"], trials=1, launch_every=1)
     assert plain.key() != early.key()
-    from dataclasses import asdict
-    import hashlib
-
-    legacy = asdict(plain)
-    del legacy["draft_models"], legacy["launch_every"], legacy["pipe_lookup"], legacy["compile_draft"], legacy["tree_nodes"], legacy["precisions"]
-    del legacy["interleave_precisions"], legacy["baseline_step"]
-    assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
+    assert plain.key() == legacy_grid_key(plain)
     outs = []
     for cfg, name in ((plain, "a"), (early, "b")):
         db = tmp_path / f"{name}.duckdb"
@@ -430,13 +424,7 @@ def test_pipelined_arm_options_reach_the_loop_and_keep_old_grid_keys(tiny_dirs, 
     both = small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark", "dspark-pipe"], caps=["2"], trials=1,
                         pipe_lookup=True, compile_draft=True)
     assert plain.key() != both.key()
-    from dataclasses import asdict
-    import hashlib
-
-    legacy = asdict(plain)
-    for name in ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "tree_nodes", "precisions", "interleave_precisions", "baseline_step"):
-        del legacy[name]
-    assert plain.key() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
+    assert plain.key() == legacy_grid_key(plain)
     db = tmp_path / "p.duckdb"
     run_sweep(both, db, progress=False)
     assert set(seen) == {(False, None, None), (True, True, True)}
