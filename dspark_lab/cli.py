@@ -438,7 +438,7 @@ def calibrate(
     plan = CalibrationPlan(max_cap=max_cap, repeats=repeats)
     engine = open_db(db)
     with Progress(console=err, transient=True) as bar:
-        task = bar.add_task("calibrating", total=2 * max_cap + 5)
+        task = bar.add_task("calibrating", total=(3 if mode is CalMode.dspark_pipe else 2) * max_cap + 5)
         ctrl = run_calibration(target, head, mode=mode.value, model_id=model, drafter_id=drafter, max_cap=max_cap,
                                db=engine, recalibrate=recalibrate, plan=plan, compile_draft=compile_draft,
                                progress=lambda msg: bar.update(task, advance=1, description=msg))
@@ -460,7 +460,8 @@ def calibrate(
         out.print("--mode draft-pipe: these are mode draft's curves (the same draft and verify forwards); "
                   "--max-draft auto starts from them and learns the pipelined rounds' own times as it decodes")
     elif mode is CalMode.dspark_pipe:
-        out.print("--mode dspark-pipe: the pipelined loop's parts (width 1: the compiled one-row step plain decoding replays)")
+        out.print("--mode dspark-pipe: the pipelined loop's parts (width 1: the compiled one-row step plain decoding replays); "
+                  "round ms: its rounds at each cap, timed whole as the loop runs them (it overlaps the parts)")
     if validate_caps:
         from .lab.prompts import load_prompt_set
 

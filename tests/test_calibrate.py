@@ -85,13 +85,14 @@ def test_controller_drives_generation_losslessly(pair):
 def test_a_pipelined_calibration_times_the_pipelined_loops_parts(pair, tmp_path, monkeypatch):
     """Mode dspark-pipe measures its own loop's parts: each verify width is the compiled forward
     at an array offset (Target.forward_at; width 1 the compiled one-row step), each draft the
-    loop's draft_step_at (compiled as asked), the overhead from real pipelined rounds. Its curves
-    are stored under their own key (the compiled draft and the target's routing in it), apart from
-    mode dspark's, and a controller on them drives the pipelined loop to the greedy tokens."""
+    loop's draft_step_at (compiled as asked), and real pipelined rounds at every cap, which are
+    what a round costs (not its parts' sum: the loop overlaps them). Its curves are stored under
+    their own key (the compiled draft and the target's routing in it), apart from mode dspark's,
+    and a controller on them drives the pipelined loop to the greedy tokens."""
     import dspark_lab.engine.pipeline as pipeline
 
     target, tok, drafter = pair
-    seen = {"forward_at": [], "draft_step_at": [], "rounds": 0}
+    seen = {"forward_at": [], "draft_step_at": [], "caps": []}
     real_forward_at, real_draft, real_loop = target.forward_at, drafter.draft_step_at, pipeline.pipelined_loop
 
     def forward_at(ids, *a, **kw):
@@ -103,7 +104,7 @@ def test_a_pipelined_calibration_times_the_pipelined_loops_parts(pair, tmp_path,
         return real_draft(*a, compiled=compiled, **kw)
 
     def loop(*a, **kw):
-        seen["rounds"] += 1
+        seen["caps"].append(kw["cap"])
         return real_loop(*a, **kw)
 
     monkeypatch.setattr(target, "forward_at", forward_at)
@@ -112,10 +113,13 @@ def test_a_pipelined_calibration_times_the_pipelined_loops_parts(pair, tmp_path,
     db = open_db(tmp_path / "r.duckdb")
     ctrl = calibrate(target, drafter, mode="dspark-pipe", db=db, plan=PLAN, max_cap=4, compile_draft=True)
     c = ctrl.curves
-    assert sorted(c.verify) == [1, 2, 3, 4, 5] and sorted(c.drafter) == [1, 2, 3, 4] and c.round_ms(3) > 0
+    assert sorted(c.verify) == [1, 2, 3, 4, 5] and sorted(c.drafter) == [1, 2, 3, 4] and sorted(c.rounds) == [1, 2, 3, 4]
+    assert all(c.round_ms(cap) == c.rounds[cap].median_ms > 0 for cap in c.rounds)  # the rounds, not the parts' sum
+    assert c.round_ms(3, depth=c.short_ctx + 100) == pytest.approx(c.rounds[3].median_ms + 100 * c.depth_slope_ms)
     assert {1, 2, 3, 4, 5} <= set(seen["forward_at"]) and seen["draft_step_at"] and all(seen["draft_step_at"])
-    assert seen["rounds"] == 2  # a warm-up and the timed rounds
-    assert calibrate(target, drafter, mode="dspark-pipe", db=db, plan=PLAN, max_cap=4, compile_draft=True).reused
+    assert seen["caps"] == [1, 1, 2, 2, 3, 3, 4, 4]  # at each cap a warm-up and the timed rounds
+    stored = calibrate(target, drafter, mode="dspark-pipe", db=db, plan=PLAN, max_cap=4, compile_draft=True)
+    assert stored.reused and stored.curves.rounds == c.rounds
     assert not calibrate(target, drafter, mode="dspark-pipe", db=db, plan=PLAN, max_cap=4).reused  # the draft uncompiled
     seen["forward_at"].clear()
     assert not calibrate(target, drafter, mode="dspark", db=db, plan=PLAN, max_cap=4).reused  # the plain loop: its own
@@ -123,7 +127,7 @@ def test_a_pipelined_calibration_times_the_pipelined_loops_parts(pair, tmp_path,
     with Session(db) as s:
         rows = s.exec(select(CalibrationRecord).where(CalibrationRecord.mode == "dspark-pipe")).all()
     assert len(rows) == 2 and {json.loads(r.options)["compile_draft"] for r in rows} == {True, False}
-    assert all(json.loads(r.options)["rows_routed"] is False for r in rows)
+    assert all(json.loads(r.options)["rows_routed"] is False and json.loads(r.options)["rounds_timed"] for r in rows)
     monkeypatch.undo()
     for p in PROMPTS[:4] + REPETITIVE[:2]:
         base = greedy_generate(target, tok, p, max_new_tokens=24)

@@ -38,6 +38,22 @@ def test_low_acceptance_parks_at_plain_decoding():
     assert rate(FLAT, 0, 0.5) == pytest.approx(1 / 10.0)
 
 
+def test_timed_rounds_decide_over_the_parts_sum():
+    """Where a cap's whole rounds were timed (the pipelined loop's calibration), the cap is chosen
+    from them: here the parts say cap 2 costs 30.5 ms (plain 10), the loop's rounds 11, so it pays.
+    Curves stored before rounds were timed load without them and still sum their parts."""
+    parts = curves(lambda w: 10.0 * w, drafter_ms=0.25, overhead_ms=0.0)
+    assert static_cap(parts, 0.8, max_cap=2) == 0
+    timed = CostCurves(verify=parts.verify, drafter=parts.drafter, overhead=parts.overhead, depth_slope_ms=0.01, short_ctx=128,
+                       long_ctx=1024, rounds={1: Point(10.5, 0.0, 24), 2: Point(11.0, 0.0, 36)})
+    assert timed.round_ms(2) == 11.0 and timed.round_ms(2, depth=228) == pytest.approx(12.0)
+    assert static_cap(timed, 0.8, max_cap=2) == 2
+    assert CostCurves.from_dict(timed.to_dict()).rounds == timed.rounds
+    old = parts.to_dict()
+    del old["rounds"]
+    assert CostCurves.from_dict(old).round_ms(2) == parts.round_ms(2) == pytest.approx(30.5)
+
+
 def test_fit_finds_the_knee_and_reports_error():
     fit = fit_verify({w: Point(10.0 if w <= 4 else 10.0 + 5 * (w - 4), 0, 5) for w in range(1, 10)})
     assert fit.knee == 4 and fit.max_rel_error < 1e-6

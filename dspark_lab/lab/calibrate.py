@@ -213,9 +213,10 @@ def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compil
     verify(w) the compiled forward of w rows at an array offset (Target.forward_at; width 1 is
     the compiled one-row step plain decoding replays), drafter(c) the head's context append and
     draft of c tokens (draft_step_at, one compiled trace with `compile_draft`), the depth slope
-    from the same forwards at a long context, and the overhead from real pipelined rounds at a
-    reference cap, less those parts (rounds overlap the host's building with the device's
-    computing, so it may be negative: round_ms counts it from 0)."""
+    from the same forwards at a long context, and the rounds themselves: real pipelined rounds at
+    every cap, which round_ms takes (the loop overlaps a round's draft and host work with the
+    device's computing, so the parts alone overstate a round). The overhead is the reference
+    cap's round less its parts (negative where the overlap wins; informational)."""
     from ..engine.pipeline import pipelined_loop
     from ..engine.speculative import check_pipeline
 
@@ -263,17 +264,22 @@ def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compil
 
     slope = _depth_slope(verify, lambda ws: verify_points(_prefilled(target, ids, plan.long_ctx, taps)[0], plan.long_ctx, ws), plan)
 
-    ref = _reference_cap(plan)
-    times: list[float] = []
+    # Random tokens: the head's drafts are rejected, so every round commits one token and runs
+    # overhead_rounds * (c + 1) rounds; a round's time hardly depends on what it accepts.
     prompt = ids[:n].tolist()
-    for tokens, on_round in ((4, None), (plan.overhead_rounds * (ref + 1), lambda k, m, sec: times.append(sec))):
-        pipelined_loop(target, prompt, params, drafter, max_new_tokens=tokens, cap=ref, stream=TextStream(_NoText()),
-                       mode="calibrate", on_round=on_round, compile_draft=compile_draft)
-    rounds = Point.of(times)
-    overhead = Point(rounds.median_ms - drafter_pts[ref].median_ms - verify[ref + 1].median_ms, rounds.spread_ms, rounds.samples)
-    say("overhead")
+    rounds: dict[int, Point] = {}
+    for c in range(1, plan.max_cap + 1):
+        times: list[float] = []
+        for tokens, on_round in ((4, None), (plan.overhead_rounds * (c + 1), lambda k, m, sec: times.append(sec))):
+            pipelined_loop(target, prompt, params, drafter, max_new_tokens=tokens, cap=c, stream=TextStream(_NoText()),
+                           mode="calibrate", on_round=on_round, compile_draft=compile_draft)
+        rounds[c] = Point.of(times)
+        say(f"rounds at cap {c}")
+    ref = _reference_cap(plan)
+    overhead = Point(rounds[ref].median_ms - drafter_pts[ref].median_ms - verify[ref + 1].median_ms, rounds[ref].spread_ms,
+                     rounds[ref].samples)
     return CostCurves(verify=verify, drafter=drafter_pts, overhead=overhead, depth_slope_ms=slope,
-                      short_ctx=n, long_ctx=plan.long_ctx)
+                      short_ctx=n, long_ctx=plan.long_ctx, rounds=rounds)
 
 
 def calibration_key(device_key: str, model_id: str, drafter_id: str | None, mode: str, options: dict) -> str:
@@ -348,8 +354,9 @@ def calibrate(
                "drafter_window": getattr(drafter, "window", None), "short_ctx": plan.short_ctx, "long_ctx": plan.long_ctx}
     if mode in PIPELINED_MODES:
         # What else sets a pipelined round's cost (the plain modes' keys stay as they were).
+        # rounds_timed: curves whose round_ms is the loop's own rounds (before, the sum of parts).
         options.update(compile_draft=bool(compile_draft), rows_routed=bool(target.rows_routed),
-                       attention_routed=target.attention_route is not None)
+                       attention_routed=target.attention_route is not None, rounds_timed=True)
     stamp = collect_device_stamp(options)
     model_id = model_id or target.name
     drafter_id = drafter_id or (getattr(drafter, "name", None) if drafter is not None else None)

@@ -60,6 +60,11 @@ class CostCurves:
     depth_slope_ms: float  # extra ms per context token (median over the widths measured)
     short_ctx: int
     long_ctx: int
+    # Whole rounds at cap c, timed as the loop runs them (mode dspark-pipe): where a cap has one,
+    # round_ms is it, not the sum of parts. A pipelined round overlaps its draft with the
+    # previous verify and its host work with the device's, so the parts, each timed alone with a
+    # host sync, overstate it: on an H100 by 20-67% (docs/performance.md, forty-fourth round).
+    rounds: dict[int, Point] = field(default_factory=dict)
     fit: VerifyFit = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +88,8 @@ class CostCurves:
         return self.drafter[lo].median_ms * (1 - f) + self.drafter[hi].median_ms * f
 
     def round_ms(self, cap: int, depth: int = 0) -> float:
+        if cap in self.rounds:
+            return self.rounds[cap].median_ms + self.depth_slope_ms * max(0, depth - self.short_ctx)
         return self.drafter_ms(cap) + self.verify_ms(cap + 1, depth) + max(0.0, self.overhead.median_ms)
 
     def plain_ms(self, depth: int = 0) -> float:
@@ -98,4 +105,5 @@ class CostCurves:
     def from_dict(cls, d: dict) -> "CostCurves":
         pts = lambda m: {int(k): Point(**v) for k, v in m.items()}  # noqa: E731
         return cls(verify=pts(d["verify"]), drafter=pts(d["drafter"]), overhead=Point(**d["overhead"]),
-                   depth_slope_ms=float(d["depth_slope_ms"]), short_ctx=int(d["short_ctx"]), long_ctx=int(d["long_ctx"]))
+                   depth_slope_ms=float(d["depth_slope_ms"]), short_ctx=int(d["short_ctx"]), long_ctx=int(d["long_ctx"]),
+                   rounds=pts(d.get("rounds", {})))
