@@ -320,7 +320,8 @@ def generate(
         try:
             controller = run_calibration(target, head if mode is not Mode.lookup else None, mode=mode.value, model_id=model,
                                          drafter_id=draft_model if mode in draft_modes else drafter, db=engine,
-                                         compile_draft=bool(compile_draft) and mode is Mode.dspark_pipe)
+                                         compile_draft=bool(compile_draft) and mode is Mode.dspark_pipe,
+                                         lookup_drafts=bool(lookup_drafts) and mode is Mode.dspark_pipe)
         finally:
             engine.dispose()
     from .engine.kernels import cuda_available
@@ -392,6 +393,7 @@ def calibrate(
     draft_model: DraftModelOpt = None,
     mode: Annotated[CalMode, typer.Option(help="What to calibrate: a DSpark or DFlash pair (--drafter), a draft model (--draft-model), or lookup decoding. dspark-pipe measures the pipelined loop's own parts (the compiled verify at a device-held position, the draft as that loop calls it); draft-pipe shares mode draft's curves, from which --max-draft auto starts before it learns the pipelined rounds' own times.")] = CalMode.dspark,
     compile_draft: Annotated[bool, typer.Option(help="--mode dspark-pipe: time the head's draft as one compiled trace per round, as generate --compile-draft runs it.")] = False,
+    lookup_drafts: Annotated[bool, typer.Option("--lookup-drafts", help="--mode dspark-pipe: time rounds with the device-side n-gram drafts beside the head, as generate --lookup-drafts (sweep --pipe-lookup) runs them.")] = False,
     db: Annotated[Path, typer.Option(help="Results database (DuckDB) where curves are stored and reused.")] = Path("results.duckdb"),
     recalibrate: Annotated[bool, typer.Option(help="Measure again even when stored curves match this machine and pair.")] = False,
     repeats: Annotated[int, typer.Option(help="Timed repeats per point (after a warm-up).")] = 5,
@@ -414,8 +416,9 @@ def calibrate(
     asked = mode.value
     if mode is CalMode.draft_pipe:
         mode = CalMode.draft  # the plain loop's parts, curves and database key
-    if compile_draft and mode is not CalMode.dspark_pipe:
-        raise DsparkError(f"--compile-draft times the pipelined loop's draft: it applies to --mode dspark-pipe, not --mode {asked}. Drop it.")
+    for flag, given in (("--compile-draft", compile_draft), ("--lookup-drafts", lookup_drafts)):
+        if given and mode is not CalMode.dspark_pipe:
+            raise DsparkError(f"{flag} times the pipelined loop's rounds: it applies to --mode dspark-pipe, not --mode {asked}. Drop it.")
     if mode is CalMode.draft:
         from .engine import load_draft_pair
 
@@ -440,7 +443,7 @@ def calibrate(
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("calibrating", total=(3 if mode is CalMode.dspark_pipe else 2) * max_cap + 5)
         ctrl = run_calibration(target, head, mode=mode.value, model_id=model, drafter_id=drafter, max_cap=max_cap,
-                               db=engine, recalibrate=recalibrate, plan=plan, compile_draft=compile_draft,
+                               db=engine, recalibrate=recalibrate, plan=plan, compile_draft=compile_draft, lookup_drafts=lookup_drafts,
                                progress=lambda msg: bar.update(task, advance=1, description=msg))
     curves, reused = ctrl.curves, ctrl.reused
     table = Table("width / cap", "verify ms (spread)", "fit ms", "drafter ms (spread)", "round ms", title="cost curves" + (" (stored, reused)" if reused else ""))
@@ -466,7 +469,8 @@ def calibrate(
         from .lab.prompts import load_prompt_set
 
         prompts = [p.as_input() for p in load_prompt_set("code").prompts[:4]]
-        report = validate(target, tokenizer, head, curves, prompts=prompts, max_cap=max_cap, mode=mode.value, compile_draft=compile_draft)
+        report = validate(target, tokenizer, head, curves, prompts=prompts, max_cap=max_cap, mode=mode.value, compile_draft=compile_draft,
+                          lookup_drafts=lookup_drafts)
         vt = Table("cap", "predicted round ms", "measured round ms", "error", "tok/s", title="validation")
         for r in report["rows"]:
             vt.add_row(str(r["cap"]), f"{r['predicted_round_ms']:.3f}", f"{r['measured_round_ms']:.3f}",

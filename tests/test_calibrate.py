@@ -12,7 +12,7 @@ from conftest import PROMPTS, REPETITIVE
 from dspark_lab import InputError, greedy_generate, lookup_generate
 from dspark_lab.db import open_db
 from dspark_lab.engine.drafters.load import load_dspark
-from dspark_lab.engine.speculative import speculative_generate
+from dspark_lab.engine.speculative import LOOKUP_NS, speculative_generate
 from dspark_lab.lab.calibrate import CalibrationPlan, calibrate, measure_curves
 from dspark_lab.schemas.records import CalibrationRecord
 from dspark_lab.tiny import build_tiny_dspark
@@ -92,7 +92,7 @@ def test_a_pipelined_calibration_times_the_pipelined_loops_parts(pair, tmp_path,
     import dspark_lab.engine.pipeline as pipeline
 
     target, tok, drafter = pair
-    seen = {"forward_at": [], "draft_step_at": [], "caps": []}
+    seen = {"forward_at": [], "draft_step_at": [], "caps": [], "lookup_n": set()}
     real_forward_at, real_draft, real_loop = target.forward_at, drafter.draft_step_at, pipeline.pipelined_loop
 
     def forward_at(ids, *a, **kw):
@@ -105,6 +105,7 @@ def test_a_pipelined_calibration_times_the_pipelined_loops_parts(pair, tmp_path,
 
     def loop(*a, **kw):
         seen["caps"].append(kw["cap"])
+        seen["lookup_n"].add(kw["lookup_n"])
         return real_loop(*a, **kw)
 
     monkeypatch.setattr(target, "forward_at", forward_at)
@@ -117,16 +118,20 @@ def test_a_pipelined_calibration_times_the_pipelined_loops_parts(pair, tmp_path,
     assert all(c.round_ms(cap) == c.rounds[cap].median_ms > 0 for cap in c.rounds)  # the rounds, not the parts' sum
     assert c.round_ms(3, depth=c.short_ctx + 100) == pytest.approx(c.rounds[3].median_ms + 100 * c.depth_slope_ms)
     assert {1, 2, 3, 4, 5} <= set(seen["forward_at"]) and seen["draft_step_at"] and all(seen["draft_step_at"])
-    assert seen["caps"] == [1, 1, 2, 2, 3, 3, 4, 4]  # at each cap a warm-up and the timed rounds
+    assert seen["caps"] == [1, 1, 2, 2, 3, 3, 4, 4] and seen["lookup_n"] == {()}  # at each cap a warm-up and the timed rounds
     stored = calibrate(target, drafter, mode="dspark-pipe", db=db, plan=PLAN, max_cap=4, compile_draft=True)
     assert stored.reused and stored.curves.rounds == c.rounds
     assert not calibrate(target, drafter, mode="dspark-pipe", db=db, plan=PLAN, max_cap=4).reused  # the draft uncompiled
+    seen["lookup_n"].clear()
+    assert not calibrate(target, drafter, mode="dspark-pipe", db=db, plan=PLAN, max_cap=4, compile_draft=True, lookup_drafts=True).reused
+    assert seen["lookup_n"] == {LOOKUP_NS}  # the device-side n-gram match runs in the timed rounds
     seen["forward_at"].clear()
     assert not calibrate(target, drafter, mode="dspark", db=db, plan=PLAN, max_cap=4).reused  # the plain loop: its own
     assert not seen["forward_at"]
     with Session(db) as s:
         rows = s.exec(select(CalibrationRecord).where(CalibrationRecord.mode == "dspark-pipe")).all()
-    assert len(rows) == 2 and {json.loads(r.options)["compile_draft"] for r in rows} == {True, False}
+    assert len(rows) == 3 and {(json.loads(r.options)["compile_draft"], json.loads(r.options)["lookup_drafts"]) for r in rows} == {
+        (True, False), (False, False), (True, True)}
     assert all(json.loads(r.options)["rows_routed"] is False and json.loads(r.options)["rounds_timed"] for r in rows)
     monkeypatch.undo()
     for p in PROMPTS[:4] + REPETITIVE[:2]:

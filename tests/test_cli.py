@@ -255,6 +255,10 @@ def test_calibrate_a_pipelined_mode(tiny_dirs, tmp_path):
     assert r.exit_code == 0 and "(stored, reused)" not in r.output  # mode dspark: the plain loop's own curves
     r = runner.invoke(app, base + ["--compile-draft"])
     assert r.exit_code == 2 and "applies to --mode dspark-pipe" in r.output
+    r = runner.invoke(app, base + ["--lookup-drafts"])
+    assert r.exit_code == 2 and "--lookup-drafts times the pipelined loop's rounds" in r.output
+    r = runner.invoke(app, base + ["--mode", "dspark-pipe", "--compile-draft", "--lookup-drafts"])
+    assert r.exit_code == 0 and "(stored, reused)" not in r.output  # the lookup overlay: rounds of their own
     r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "--db", db, "--mode", "draft-pipe"])
     assert r.exit_code == 2 and "--mode draft-pipe needs --draft-model DIR" in r.output
     r = runner.invoke(app, ["calibrate", "-m", str(tiny_dirs["qwen3"]), "--db", db, "--mode", "dspark-pipe"])

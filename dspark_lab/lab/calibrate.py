@@ -207,7 +207,7 @@ def _reference_cap(plan: CalibrationPlan) -> int:
     return max(1, min(plan.max_cap, 3))
 
 
-def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compile_draft: bool,
+def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compile_draft: bool, lookup_drafts: bool = False,
                        progress: Callable[[str], None] | None = None) -> CostCurves:
     """Mode dspark-pipe's curves, its parts as the pipelined loop (engine/pipeline.py) runs them:
     verify(w) the compiled forward of w rows at an array offset (Target.forward_at; width 1 is
@@ -216,9 +216,11 @@ def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compil
     from the same forwards at a long context, and the rounds themselves: real pipelined rounds at
     every cap, which round_ms takes (the loop overlaps a round's draft and host work with the
     device's computing, so the parts alone overstate a round). The overhead is the reference
-    cap's round less its parts (negative where the overlap wins; informational)."""
+    cap's round less its parts (negative where the overlap wins; informational). `lookup_drafts`:
+    the rounds run the device-side n-gram match beside the head, as generate --lookup-drafts and
+    sweep --pipe-lookup do (on random tokens it never matches, so its cost is what is timed)."""
     from ..engine.pipeline import pipelined_loop
-    from ..engine.speculative import check_pipeline
+    from ..engine.speculative import LOOKUP_NS, check_pipeline
 
     check_pipeline(target, drafter)
     say = progress or (lambda _msg: None)
@@ -272,7 +274,8 @@ def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compil
         times: list[float] = []
         for tokens, on_round in ((4, None), (plan.overhead_rounds * (c + 1), lambda k, m, sec: times.append(sec))):
             pipelined_loop(target, prompt, params, drafter, max_new_tokens=tokens, cap=c, stream=TextStream(_NoText()),
-                           mode="calibrate", on_round=on_round, compile_draft=compile_draft)
+                           mode="calibrate", on_round=on_round, compile_draft=compile_draft,
+                           lookup_n=LOOKUP_NS if lookup_drafts else ())
         rounds[c] = Point.of(times)
         say(f"rounds at cap {c}")
     ref = _reference_cap(plan)
@@ -325,12 +328,14 @@ def calibrate(
     plan: CalibrationPlan | None = None,
     progress: Callable[[str], None] | None = None,
     compile_draft: bool = False,
+    lookup_drafts: bool = False,
 ) -> CapController:
     """A CapController on this machine's cost curves for the pair: stored curves when the key
     matches (unless `recalibrate`), freshly measured (and stored) otherwise. The controller
     carries them as `.curves`, and `.reused` says whether they came from the database.
-    Mode dspark-pipe measures the pipelined loop's own parts (_measure_pipelined; `compile_draft`
-    as the loop will run, and the target's routing, are part of the key)."""
+    Mode dspark-pipe measures the pipelined loop's own parts and rounds (_measure_pipelined;
+    `compile_draft` and `lookup_drafts` as the loop will run, and the target's routing, are part
+    of the key)."""
     from ..errors import InputError
     from .device import collect_device_stamp, device_key, machine_class
 
@@ -355,7 +360,7 @@ def calibrate(
     if mode in PIPELINED_MODES:
         # What else sets a pipelined round's cost (the plain modes' keys stay as they were).
         # rounds_timed: curves whose round_ms is the loop's own rounds (before, the sum of parts).
-        options.update(compile_draft=bool(compile_draft), rows_routed=bool(target.rows_routed),
+        options.update(compile_draft=bool(compile_draft), lookup_drafts=bool(lookup_drafts), rows_routed=bool(target.rows_routed),
                        attention_routed=target.attention_route is not None, rounds_timed=True)
     stamp = collect_device_stamp(options)
     model_id = model_id or target.name
@@ -366,7 +371,8 @@ def calibrate(
         curves = load_stored(db, key)
         reused = curves is not None
     if curves is None:
-        curves = (_measure_pipelined(target, drafter, plan=plan, compile_draft=compile_draft, progress=progress)
+        curves = (_measure_pipelined(target, drafter, plan=plan, compile_draft=compile_draft, lookup_drafts=lookup_drafts,
+                                     progress=progress)
                   if mode in PIPELINED_MODES else measure_curves(target, drafter, plan=plan, progress=progress))
         if db is not None:
             from sqlmodel import Session
@@ -398,16 +404,15 @@ class FixedCap:
 
 
 def validate(target: Target, tokenizer, drafter, curves: CostCurves, *, prompts: list, max_cap: int, mode: str = "dspark",
-             max_new_tokens: int = 64, progress: Callable[[str], None] | None = None, compile_draft: bool = False) -> dict:
+             max_new_tokens: int = 64, progress: Callable[[str], None] | None = None, compile_draft: bool = False,
+             lookup_drafts: bool = False) -> dict:
     """Run the pair at every cap on `prompts`: predicted vs measured round time, and whether the
     cap the controller would choose (at the acceptance measured here) is within 5% of the best
-    measured rate. Mode dspark-pipe runs the pipelined loop (`compile_draft` as calibrated), its
-    plain decoding the compiled one-row step its curve's width 1 measured."""
-    from ..engine.generate import lookup_generate
+    measured rate. Mode dspark-pipe runs the pipelined loop (`compile_draft` and `lookup_drafts`
+    as calibrated), its plain decoding the compiled one-row step its curve's width 1 measured."""
+    from ..engine.generate import greedy_generate, lookup_generate
     from ..engine.speculative import draft_model_generate, speculative_generate
     from .controller import static_cap
-
-    from ..engine.generate import greedy_generate
 
     say = progress or (lambda _m: None)
     pipelined = mode in PIPELINED_MODES
@@ -427,7 +432,8 @@ def validate(target: Target, tokenizer, drafter, curves: CostCurves, *, prompts:
             elif mode == "draft":
                 r = draft_model_generate(target, tokenizer, drafter, p, max_new_tokens=max_new_tokens, max_draft_tokens=max_cap, cap_controller=fixed)
             else:
-                r = speculative_generate(target, tokenizer, drafter, p, max_new_tokens=max_new_tokens, cap_controller=fixed, lookup_drafts=False,
+                r = speculative_generate(target, tokenizer, drafter, p, max_new_tokens=max_new_tokens, cap_controller=fixed,
+                                         lookup_drafts=lookup_drafts and pipelined,
                                          **({"pipeline": True, "compile_draft": compile_draft} if pipelined else {}))
             tokens += r.num_tokens - 1
             seconds += (r.num_tokens - 1) / r.decode_tokens_per_sec if r.decode_tokens_per_sec else 0.0

@@ -526,7 +526,8 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
             if arm.key not in curves_for:
                 curves_for[arm.key] = calibrate(target, drafters.get((arm.mode, arm.drafter_id)), mode=arm.mode, model_id=model_id,
                                                 drafter_id=arm.drafter_id, db=engine,
-                                                compile_draft=cfg.compile_draft and arm.mode == "dspark-pipe").curves
+                                                compile_draft=cfg.compile_draft and arm.mode == "dspark-pipe",
+                                                lookup_drafts=cfg.pipe_lookup and arm.mode == "dspark-pipe").curves
             max_cap = drafters[(arm.mode, arm.drafter_id)].config.max_drafts if arm.mode in HEAD_MODES else AUTO_MAX_CAP
             # A fresh controller per generation: each trial's cap choices depend on that trial alone.
             ctrl = CapController(curves_for[arm.key], max_cap=max_cap, prior=DEFAULT_ACCEPTANCE[arm.mode])
