@@ -215,10 +215,12 @@ def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compil
     draft of c tokens (draft_step_at, one compiled trace with `compile_draft`), the depth slope
     from the same forwards at a long context, and the rounds themselves: real pipelined rounds at
     every cap, which round_ms takes (the loop overlaps a round's draft and host work with the
-    device's computing, so the parts alone overstate a round). The overhead is the reference
+    device's computing, so the parts alone overstate a round), and plain decoding's tokens (cap
+    0, which plain_ms takes). The overhead is the reference
     cap's round less its parts (negative where the overlap wins; informational). `lookup_drafts`:
     the rounds run the device-side n-gram match beside the head, as generate --lookup-drafts and
     sweep --pipe-lookup do (on random tokens it never matches, so its cost is what is timed)."""
+    from ..engine.generate import greedy_generate
     from ..engine.pipeline import pipelined_loop
     from ..engine.speculative import LOOKUP_NS, check_pipeline
 
@@ -278,6 +280,14 @@ def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compil
                            lookup_n=LOOKUP_NS if lookup_drafts else ())
         rounds[c] = Point.of(times)
         say(f"rounds at cap {c}")
+    # Cap 0, plain decoding, which the controller weighs every cap against, likewise as it runs:
+    # greedy_generate's compiled one-row step, each scheduled before the host reads the last. The
+    # fit's width 1 is a line through every width (on an H100 the 0.5B's 2.84 ms, where it decoded
+    # at 3.50: docs/performance.md, forty-fourth round).
+    greedy_generate(target, _NoText(), prompt, max_new_tokens=4, compiled_step=True)
+    rounds[0] = Point.of([1.0 / greedy_generate(target, _NoText(), prompt, max_new_tokens=plan.overhead_rounds * 4,
+                                                compiled_step=True).decode_tokens_per_sec for _ in range(plan.repeats)])
+    say("plain decoding")
     ref = _reference_cap(plan)
     overhead = Point(rounds[ref].median_ms - drafter_pts[ref].median_ms - verify[ref + 1].median_ms, rounds[ref].spread_ms,
                      rounds[ref].samples)

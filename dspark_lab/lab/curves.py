@@ -60,8 +60,8 @@ class CostCurves:
     depth_slope_ms: float  # extra ms per context token (median over the widths measured)
     short_ctx: int
     long_ctx: int
-    # Whole rounds at cap c, timed as the loop runs them (mode dspark-pipe): where a cap has one,
-    # round_ms is it, not the sum of parts. A pipelined round overlaps its draft with the
+    # Whole rounds at cap c, timed as the loop runs them (mode dspark-pipe), and at 0 plain
+    # decoding's tokens: where a cap has one, round_ms (plain_ms for 0) is it, not the sum of parts. A pipelined round overlaps its draft with the
     # previous verify and its host work with the device's, so the parts, each timed alone with a
     # host sync, overstate it: on an H100 by 20-67% (docs/performance.md, forty-fourth round).
     rounds: dict[int, Point] = field(default_factory=dict)
@@ -93,6 +93,8 @@ class CostCurves:
         return self.drafter_ms(cap) + self.verify_ms(cap + 1, depth) + max(0.0, self.overhead.median_ms)
 
     def plain_ms(self, depth: int = 0) -> float:
+        if 0 in self.rounds:
+            return self.rounds[0].median_ms + self.depth_slope_ms * max(0, depth - self.short_ctx)
         return self.verify_ms(1, depth)
 
     def to_dict(self) -> dict:
