@@ -391,7 +391,7 @@ def calibrate(
     model: ModelOpt,
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-d", help="DSpark head (needed for --mode dspark).")] = None,
     draft_model: DraftModelOpt = None,
-    mode: Annotated[CalMode, typer.Option(help="What to calibrate: a DSpark or DFlash pair (--drafter), a draft model (--draft-model), or lookup decoding. dspark-pipe measures the pipelined loop's own parts (the compiled verify at a device-held position, the draft as that loop calls it); draft-pipe shares mode draft's curves, from which --max-draft auto starts before it learns the pipelined rounds' own times.")] = CalMode.dspark,
+    mode: Annotated[CalMode, typer.Option(help="What to calibrate: a DSpark or DFlash pair (--drafter), a draft model (--draft-model), or lookup decoding. dspark-pipe measures the pipelined loop's own parts (the compiled verify at a device-held position, the draft as that loop calls it) and times its whole rounds at every cap and plain decoding as it runs, which the controller uses; draft-pipe shares mode draft's curves, from which --max-draft auto starts before it learns the pipelined rounds' own times.")] = CalMode.dspark,
     compile_draft: Annotated[bool, typer.Option(help="--mode dspark-pipe: time the head's draft as one compiled trace per round, as generate --compile-draft runs it.")] = False,
     lookup_drafts: Annotated[bool, typer.Option("--lookup-drafts", help="--mode dspark-pipe: time rounds with the device-side n-gram drafts beside the head, as generate --lookup-drafts (sweep --pipe-lookup) runs them.")] = False,
     db: Annotated[Path, typer.Option(help="Results database (DuckDB) where curves are stored and reused.")] = Path("results.duckdb"),
