@@ -216,8 +216,8 @@ def _measure_pipelined(target: Target, drafter, *, plan: CalibrationPlan, compil
     from the same forwards at a long context, and the rounds themselves: real pipelined rounds at
     every cap, which round_ms takes (the loop overlaps a round's draft and host work with the
     device's computing, so the parts alone overstate a round), and plain decoding's tokens (cap
-    0, which plain_ms takes). The overhead is the reference
-    cap's round less its parts (negative where the overlap wins; informational). `lookup_drafts`:
+    0, which plain_ms takes). The overhead is the reference cap's round less its parts (negative
+    where the overlap wins; informational). `lookup_drafts`:
     the rounds run the device-side n-gram match beside the head, as generate --lookup-drafts and
     sweep --pipe-lookup do (on random tokens it never matches, so its cost is what is timed)."""
     from ..engine.generate import greedy_generate
@@ -419,7 +419,7 @@ def validate(target: Target, tokenizer, drafter, curves: CostCurves, *, prompts:
     """Run the pair at every cap on `prompts`: predicted vs measured round time, and whether the
     cap the controller would choose (at the acceptance measured here) is within 5% of the best
     measured rate. Mode dspark-pipe runs the pipelined loop (`compile_draft` and `lookup_drafts`
-    as calibrated), its plain decoding the compiled one-row step its curve's width 1 measured."""
+    as calibrated), its plain decoding the compiled one-row step (the curve's cap 0)."""
     from ..engine.generate import greedy_generate, lookup_generate
     from ..engine.speculative import draft_model_generate, speculative_generate
     from .controller import static_cap

@@ -61,9 +61,10 @@ class CostCurves:
     short_ctx: int
     long_ctx: int
     # Whole rounds at cap c, timed as the loop runs them (mode dspark-pipe), and at 0 plain
-    # decoding's tokens: where a cap has one, round_ms (plain_ms for 0) is it, not the sum of parts. A pipelined round overlaps its draft with the
-    # previous verify and its host work with the device's, so the parts, each timed alone with a
-    # host sync, overstate it: on an H100 by 20-67% (docs/performance.md, forty-fourth round).
+    # decoding's tokens: where a cap has one, round_ms (plain_ms for 0) is it, not the sum of
+    # parts. A pipelined round overlaps its draft with the previous verify and its host work with
+    # the device's, so the parts, each timed alone with a host sync, overstate it: on an H100 by
+    # 10-67% (docs/performance.md, forty-fourth round).
     rounds: dict[int, Point] = field(default_factory=dict)
     fit: VerifyFit = field(init=False)
 
