@@ -86,7 +86,8 @@ def test_a_pipelined_calibration_times_the_pipelined_loops_parts(pair, tmp_path,
     """Mode dspark-pipe measures its own loop's parts: each verify width is the compiled forward
     at an array offset (Target.forward_at; width 1 the compiled one-row step), each draft the
     loop's draft_step_at (compiled as asked), and real pipelined rounds at every cap, which are
-    what a round costs (not its parts' sum: the loop overlaps them). Its curves are stored under
+    what a round costs (not its parts' sum: the loop overlaps them), and plain decoding as it runs
+    (cap 0), which is what the controller weighs them against. Its curves are stored under
     their own key (the compiled draft and the target's routing in it), apart from mode dspark's,
     and a controller on them drives the pipelined loop to the greedy tokens."""
     import dspark_lab.engine.pipeline as pipeline

@@ -41,8 +41,8 @@ def test_low_acceptance_parks_at_plain_decoding():
 def test_timed_rounds_decide_over_the_parts_sum():
     """Where a cap's whole rounds were timed (the pipelined loop's calibration), the cap is chosen
     from them (and plain decoding from its timed tokens, cap 0): here the parts say cap 2 costs
-    30.5 ms (plain 10), the loop's rounds 11, so it pays.
-    Curves stored before rounds were timed load without them and still sum their parts."""
+    30.5 ms (plain 10), the loop's rounds 11, so it pays. Curves stored before rounds were timed
+    load without them and still sum their parts."""
     parts = curves(lambda w: 10.0 * w, drafter_ms=0.25, overhead_ms=0.0)
     assert static_cap(parts, 0.8, max_cap=2) == 0
     timed = CostCurves(verify=parts.verify, drafter=parts.drafter, overhead=parts.overhead, depth_slope_ms=0.01, short_ctx=128,
