@@ -463,8 +463,8 @@ def calibrate(
         out.print("--mode draft-pipe: these are mode draft's curves (the same draft and verify forwards); "
                   "--max-draft auto starts from them and learns the pipelined rounds' own times as it decodes")
     elif mode is CalMode.dspark_pipe:
-        out.print("--mode dspark-pipe: the pipelined loop's parts (width 1: the compiled one-row step plain decoding replays); "
-                  "round ms: its rounds at each cap, timed whole as the loop runs them (it overlaps the parts)")
+        out.print("--mode dspark-pipe: the pipelined loop's parts (width 1: the compiled one-row step plain decoding replays)")
+        out.print("round ms: the loop's rounds at each cap and plain decoding's tokens, timed as they run (a round overlaps its parts)")
     if validate_caps:
         from .lab.prompts import load_prompt_set
 
