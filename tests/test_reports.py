@@ -218,6 +218,31 @@ def test_save_chart_takes_a_chart_or_its_spec(tmp_path):
         assert png_size(tmp_path / "c.png")[0] > 50
 
 
+def test_the_calibration_chart_draws_timed_rounds_where_there_are_some():
+    """A pipelined calibration's whole rounds (cap c at its verify's width c + 1, plain decoding at
+    width 1) are drawn beside verify(w); curves without them draw as before."""
+    import json
+
+    import polars as pl
+
+    from dspark_lab.lab.curves import CostCurves, Point
+    from dspark_lab.reports.charts import calibration_chart
+    from labdb import CURVES
+
+    timed = CostCurves(verify=CURVES.verify, drafter=CURVES.drafter, overhead=CURVES.overhead, depth_slope_ms=0.0,
+                       short_ctx=128, long_ctx=1024, rounds={0: Point(9.5, 0.1, 5), 2: Point(10.9, 0.3, 36)})
+
+    def points(curves):
+        frame = pl.DataFrame([{"model_id": MODEL_A, "drafter_id": "h", "mode": "dspark-pipe", "machine": "m", "device_key": "d",
+                               "options": json.dumps({"max_cap": 4}), "curves": json.dumps(curves.to_dict())}])
+        spec = calibration_chart(frame).to_dict()
+        values = spec["data"]["values"] if "values" in spec.get("data", {}) else next(iter(spec["datasets"].values()))
+        return [(v["width"], v["ms"], v["note"]) for v in values if v["kind"] == "round"]
+
+    assert points(timed) == [(1, 9.5, "plain decoding, timed as it runs"), (3, 10.9, "a whole round at cap 2, timed as it runs")]
+    assert points(CURVES) == []
+
+
 def test_two_versions_of_a_head_in_one_arm_are_flagged(tmp_path):
     """A head continued and stored again at its path, measured before and after, pools two heads
     in one row: the report says so instead of showing one digest."""

@@ -202,8 +202,12 @@ def max_cap_of(row: dict, curves: CostCurves) -> int:
 
 
 def calibration_chart(calibration: pl.DataFrame) -> alt.FacetChart | None:
-    """verify(w) as measured (median, spread), the fitted knee model, and the width the static
-    cap implies at the mode's default acceptance, one panel per calibration record."""
+    """verify(w) as measured (median, spread), the fitted knee model, the whole rounds where the
+    calibration timed them (mode dspark-pipe: a round at cap c at its verify's width c + 1, plain
+    decoding at width 1), and the width the static cap implies at the mode's default acceptance,
+    one panel per calibration record. Where rounds were timed they, not verify(w) plus the draft,
+    are what the controller weighs: the gap between a round and its verify is the draft and the
+    loop's own work less what the pipelining overlaps."""
     rows = []
     for r in calibration.iter_rows(named=True):
         curves = _parse_curves(r["curves"])
@@ -216,6 +220,9 @@ def calibration_chart(calibration: pl.DataFrame) -> alt.FacetChart | None:
                          "lo": p.median_ms - p.spread_ms / 2, "hi": p.median_ms + p.spread_ms / 2, "samples": p.samples})
         for w in range(1, max(curves.verify) + 1):
             rows.append({"panel": label, "kind": "fit", "width": w, "ms": curves.fit(w)})
+        for c, p in sorted(curves.rounds.items()):
+            rows.append({"panel": label, "kind": "round", "width": c + 1, "ms": p.median_ms, "samples": p.samples,
+                         "note": "plain decoding, timed as it runs" if c == 0 else f"a whole round at cap {c}, timed as it runs"})
         rows.append({"panel": label, "kind": "static cap", "width": cap + 1, "ms": curves.verify_ms(cap + 1),
                      "note": f"static cap {cap} (verify width {cap + 1})" if cap else "static cap 0: plain decoding wins",
                      "knee": curves.fit.knee})
@@ -224,12 +231,15 @@ def calibration_chart(calibration: pl.DataFrame) -> alt.FacetChart | None:
     data = _data(pl.DataFrame(rows, infer_schema_length=None))
     x = alt.X("width:Q", title="verify width (tokens per target forward)", axis=alt.Axis(tickMinStep=1, format="d"))
     layers = alt.layer(
-        alt.Chart().mark_line(color="#555").encode(x=x, y=alt.Y("ms:Q", title="ms per forward")).transform_filter(
+        alt.Chart().mark_line(color="#555").encode(x=x, y=alt.Y("ms:Q", title="ms per forward (diamonds: per round)")).transform_filter(
             alt.datum.kind == "fit"),
-        alt.Chart().mark_errorbar().encode(x=x, y=alt.Y("lo:Q", title="ms per forward"), y2="hi:Q").transform_filter(alt.datum.kind == "measured"),
+        alt.Chart().mark_errorbar().encode(x=x, y=alt.Y("lo:Q", title="ms per forward (diamonds: per round)"), y2="hi:Q").transform_filter(alt.datum.kind == "measured"),
         alt.Chart().mark_point(filled=True, size=40).encode(
-            x=x, y=alt.Y("ms:Q", title="ms per forward"), tooltip=["width:Q", alt.Tooltip("ms:Q", format=".3f"), "samples:Q"]).transform_filter(
+            x=x, y=alt.Y("ms:Q", title="ms per forward (diamonds: per round)"), tooltip=["width:Q", alt.Tooltip("ms:Q", format=".3f"), "samples:Q"]).transform_filter(
             alt.datum.kind == "measured"),
+        alt.Chart().mark_point(shape="diamond", size=60, color=MODE_COLORS["dspark-pipe"], filled=True).encode(
+            x=x, y=alt.Y("ms:Q", title="ms per forward (diamonds: per round)"), tooltip=["note:N", alt.Tooltip("ms:Q", format=".3f"), "samples:Q"]).transform_filter(
+            alt.datum.kind == "round"),
         alt.Chart().mark_rule(color=RED, strokeDash=[4, 3]).encode(x=x, tooltip=["note:N", "knee:Q"]).transform_filter(
             alt.datum.kind == "static cap"),
         alt.Chart().mark_text(color=RED, align="left", dx=4, dy=-6).encode(x=x, y="ms:Q", text="note:N").transform_filter(
@@ -237,7 +247,8 @@ def calibration_chart(calibration: pl.DataFrame) -> alt.FacetChart | None:
         data=data,
     ).properties(width=2 * WIDTH, height=HEIGHT)
     return layers.facet(facet=alt.Facet("panel:N", title=None), columns=2).resolve_scale(x="independent").properties(
-        title="Calibration: verify cost by width, knee fit, and the static cap at the default acceptance")
+        title="Calibration: verify cost by width (points), knee fit (line), whole rounds where timed (diamonds, at their "
+              "verify's width), and the static cap at the default acceptance")
 
 
 def predicted_round_ms(curves: CostCurves, trial: dict) -> float | None:
