@@ -408,8 +408,9 @@ def test_launch_every_changes_no_output_and_keeps_old_grid_keys(tiny_dirs, head,
 
 
 def test_pipelined_arm_options_reach_the_loop_and_keep_old_grid_keys(tiny_dirs, head, tmp_path, monkeypatch):
-    """pipe_lookup and compile_draft reach every dspark-pipe arm (and no other), the outputs stay
-    the baseline's, the run's stamp records them, and a grid without them keeps its old key."""
+    """pipe_lookup and compile_draft reach every dspark-pipe arm (and no other), its auto arm's
+    calibration included, the outputs stay the baseline's, the run's stamp records them, and a
+    grid without them keeps its old key."""
     import dspark_lab.engine as engine_module
 
     seen = []
@@ -420,14 +421,25 @@ def test_pipelined_arm_options_reach_the_loop_and_keep_old_grid_keys(tiny_dirs, 
         return real(*a, **kw)
 
     monkeypatch.setattr(engine_module, "speculative_generate", spy)
+    import dspark_lab.lab.calibrate as calibrate_module
+
+    calibrated = {}  # mode -> the loop options its auto arm's curves were timed with
+    real_calibrate = calibrate_module.calibrate
+
+    def calibrate(*a, **kw):
+        calibrated[kw["mode"]] = (kw.get("compile_draft"), kw.get("lookup_drafts"))
+        return real_calibrate(*a, **kw)
+
+    monkeypatch.setattr(calibrate_module, "calibrate", calibrate)
     plain = small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark", "dspark-pipe"], caps=["2"], trials=1)
-    both = small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark", "dspark-pipe"], caps=["2"], trials=1,
+    both = small_config(tiny_dirs["qwen3"], head, modes=["baseline", "dspark", "dspark-pipe"], caps=["2", "auto"], trials=1,
                         pipe_lookup=True, compile_draft=True)
     assert plain.key() != both.key()
     assert plain.key() == legacy_grid_key(plain)
     db = tmp_path / "p.duckdb"
     run_sweep(both, db, progress=False)
     assert set(seen) == {(False, None, None), (True, True, True)}
+    assert calibrated == {"dspark": (False, False), "dspark-pipe": (True, True)}  # the auto arm's curves: its own loop
     lossless = rows(db, "select distinct mode, lossless from trials order by all")
     assert lossless == [("baseline", None), ("dspark", True), ("dspark-pipe", True)]
     (stamp, config), = rows(db, "select device_stamp, config from runs")
