@@ -230,15 +230,16 @@ def calibration_chart(calibration: pl.DataFrame) -> alt.FacetChart | None:
         return None
     data = _data(pl.DataFrame(rows, infer_schema_length=None))
     x = alt.X("width:Q", title="verify width (tokens per target forward)", axis=alt.Axis(tickMinStep=1, format="d"))
+    ms = "ms per forward (diamonds: per round)"
     layers = alt.layer(
-        alt.Chart().mark_line(color="#555").encode(x=x, y=alt.Y("ms:Q", title="ms per forward (diamonds: per round)")).transform_filter(
+        alt.Chart().mark_line(color="#555").encode(x=x, y=alt.Y("ms:Q", title=ms)).transform_filter(
             alt.datum.kind == "fit"),
-        alt.Chart().mark_errorbar().encode(x=x, y=alt.Y("lo:Q", title="ms per forward (diamonds: per round)"), y2="hi:Q").transform_filter(alt.datum.kind == "measured"),
+        alt.Chart().mark_errorbar().encode(x=x, y=alt.Y("lo:Q", title=ms), y2="hi:Q").transform_filter(alt.datum.kind == "measured"),
         alt.Chart().mark_point(filled=True, size=40).encode(
-            x=x, y=alt.Y("ms:Q", title="ms per forward (diamonds: per round)"), tooltip=["width:Q", alt.Tooltip("ms:Q", format=".3f"), "samples:Q"]).transform_filter(
+            x=x, y=alt.Y("ms:Q", title=ms), tooltip=["width:Q", alt.Tooltip("ms:Q", format=".3f"), "samples:Q"]).transform_filter(
             alt.datum.kind == "measured"),
         alt.Chart().mark_point(shape="diamond", size=60, color=MODE_COLORS["dspark-pipe"], filled=True).encode(
-            x=x, y=alt.Y("ms:Q", title="ms per forward (diamonds: per round)"), tooltip=["note:N", alt.Tooltip("ms:Q", format=".3f"), "samples:Q"]).transform_filter(
+            x=x, y=alt.Y("ms:Q", title=ms), tooltip=["note:N", alt.Tooltip("ms:Q", format=".3f"), "samples:Q"]).transform_filter(
             alt.datum.kind == "round"),
         alt.Chart().mark_rule(color=RED, strokeDash=[4, 3]).encode(x=x, tooltip=["note:N", "knee:Q"]).transform_filter(
             alt.datum.kind == "static cap"),
