@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 from sqlalchemy import Engine, select
 
+from ..engine.names import plain_decoding_model
 from ..errors import DsparkError
 from ..schemas.records import CalibrationRecord, Run, Trial
 
@@ -188,20 +189,6 @@ def _median_share(trials: pl.DataFrame) -> float | None:
         return None
     share = (trials["decode_tokens_per_sec"] / trials["limit_tok_s"]).drop_nulls()
     return float(share.median()) if share.len() else None
-
-
-def plain_decoding_model(model_id: str) -> str:
-    """The model whose baseline a `model_id` arm's speedup divides by where a run measured both:
-    for MODEL@rows-kernel, MODEL. Plain decoding never routes its products through the rows kernel
-    (the CLI routes a target only for a speculative loop, and load_pair's registry reading does the
-    same), so the decoding its user would otherwise get is MODEL's. In one of the forty-third
-    round's sweeps on an H100 (docs/performance.md) the routed copy's own baseline, its probe
-    having chosen the plain step where MODEL's chose the compiled one, ran 0.79-0.87x MODEL's and
-    inflated the routed entries' speedups. Every other model: itself."""
-    from ..engine.names import ROWS_KERNEL
-
-    suffix = f"@{ROWS_KERNEL}"
-    return model_id[: -len(suffix)] if model_id.endswith(suffix) else model_id
 
 
 def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000, seed: int = 0, *,

@@ -37,6 +37,20 @@ def split_variant(model_id: str) -> tuple[str, str]:
     return model_id, AS_LOADED
 
 
+def plain_decoding_model(model_id: str) -> str:
+    """The model whose plain decoding a `model_id` stands for: for MODEL@rows-kernel, MODEL; every
+    other model, itself. Plain decoding never routes its products through the rows kernel (the CLI
+    routes a target only for a speculative loop, and load_pair's registry reading does the same),
+    and at one row a routed layer runs its own product, so a routed copy's plain decoding is its
+    model's. The summary divides a routed arm's speed by MODEL's baseline from the same run
+    (db.queries), and a sweep's routed copy takes the baseline step MODEL's took (lab.sweep): in one
+    of the forty-third round's sweeps on an H100 (docs/performance.md) the routed copy's own probe
+    chose the plain step where MODEL's chose the compiled one, its baseline ran 0.79-0.87x MODEL's,
+    and the routed entries' speedups were inflated."""
+    path, label = split_variant(model_id)
+    return path if label == ROWS_KERNEL else model_id
+
+
 def short_name(model_id: str | None) -> str:
     """The last path part of a model or drafter id ("-" for none)."""
     if not model_id:

@@ -71,8 +71,12 @@ class CostCurves:
     def __post_init__(self) -> None:
         self.fit = fit_verify(self.verify)
 
+    def depth_ms(self, depth: int) -> float:
+        """What a context of `depth` tokens adds to a forward or round over the short context's."""
+        return self.depth_slope_ms * max(0, depth - self.short_ctx)
+
     def verify_ms(self, width: int, depth: int = 0) -> float:
-        return max(self.fit(width), 1e-6) + self.depth_slope_ms * max(0, depth - self.short_ctx)
+        return max(self.fit(width), 1e-6) + self.depth_ms(depth)
 
     def drafter_ms(self, cap: int) -> float:
         if cap in self.drafter:
@@ -90,12 +94,12 @@ class CostCurves:
 
     def round_ms(self, cap: int, depth: int = 0) -> float:
         if cap in self.rounds:
-            return self.rounds[cap].median_ms + self.depth_slope_ms * max(0, depth - self.short_ctx)
+            return self.rounds[cap].median_ms + self.depth_ms(depth)
         return self.drafter_ms(cap) + self.verify_ms(cap + 1, depth) + max(0.0, self.overhead.median_ms)
 
     def plain_ms(self, depth: int = 0) -> float:
         if 0 in self.rounds:
-            return self.rounds[0].median_ms + self.depth_slope_ms * max(0, depth - self.short_ctx)
+            return self.rounds[0].median_ms + self.depth_ms(depth)
         return self.verify_ms(1, depth)
 
     def to_dict(self) -> dict:

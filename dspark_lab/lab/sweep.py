@@ -26,7 +26,7 @@ from typing import Callable
 
 from sqlmodel import Session, select
 
-from ..engine.names import AS_LOADED, DEQUANTIZED, NAMED_PRECISIONS, ROWS_KERNEL, UNFUSED, split_variant
+from ..engine.names import AS_LOADED, DEQUANTIZED, NAMED_PRECISIONS, ROWS_KERNEL, UNFUSED, plain_decoding_model, split_variant
 from ..errors import DsparkError, InputError, LoadError
 from ..schemas.records import Run, Trial, utcnow
 
@@ -592,12 +592,10 @@ def _baseline_step(cfg, target, tok, engine, run_id: str, model_id: str, say) ->
         return False
     if model_id in chosen:
         return chosen[model_id]["step"] == "compiled"
-    model, label = split_variant(model_id)
-    if label == ROWS_KERNEL and model in chosen:
-        # A routed copy's one-row step calls each layer's own product (the kernel takes rows 2 to
-        # 7), so it is its model's step: probing it again only draws another sample of the
-        # machine's noise. In the forty-third round the 1.5B's routed copy drew "plain" where its
-        # model drew "compiled", and its baseline ran 0.79-0.87x the model's (docs/performance.md).
+    model = plain_decoding_model(model_id)
+    if model != model_id and model in chosen:
+        # A routed copy's one-row step is its model's: probing it again only draws another sample
+        # of the machine's noise (engine.names.plain_decoding_model says why and what it cost).
         step = chosen[model]["step"]
         say(f"{model_id}: the baseline steps as {model}'s does ({step}): at one row the routed layers run their own product")
         _note_chosen(engine, run_id, "baseline_step_chosen", model_id, {"step": step, "asked": cfg.baseline_step, "as": model})
