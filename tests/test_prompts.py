@@ -64,6 +64,26 @@ def test_version_is_stable_and_tracks_content(tmp_path):
     assert load_prompt_set(str(path), limit=1).version != load_prompt_set(str(path)).version
 
 
+def test_a_prompts_digest_is_the_same_whatever_limit_cut_its_set(tmp_path):
+    """A limit changes the set's version but not its prompts: each keeps its own digest, so runs
+    of one prompt at two --prompt-limit values can be known as one prompt."""
+    limited, whole = load_prompt_set("code", limit=3), load_prompt_set("code")
+    assert limited.version != whole.version
+    assert [p.digest for p in limited] == [p.digest for p in whole.prompts[:3]]
+    assert len({p.digest for p in whole}) == len(whole)  # one digest a prompt
+    # One rule for both: a set of one prompt has that prompt's digest as its version.
+    assert load_prompt_set("code", limit=1).version == whole.prompts[0].digest
+    # Formatting is not content; the text, the id and the reference are.
+    records = [{"id": "a", "domain": "chat", "text": "Hello there"}]
+    path = write_jsonl(tmp_path / "mine.jsonl", records)
+    digest = load_prompt_set(str(path)).prompts[0].digest
+    path.write_text(json.dumps(dict(reversed(list(records[0].items()))), separators=(", ", " : ")) + "\n\n")
+    assert load_prompt_set(str(path)).prompts[0].digest == digest
+    for change in ({"text": "Hello"}, {"id": "b"}, {"reference": "hi"}):
+        write_jsonl(path, [{**records[0], **change}])
+        assert load_prompt_set(str(path)).prompts[0].digest != digest
+
+
 def test_limit():
     ps = load_prompt_set("chat", limit=5)
     assert len(ps) == 5 and [p.id for p in ps] == [p.id for p in load_prompt_set("chat").prompts[:5]]

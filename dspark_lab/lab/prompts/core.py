@@ -34,6 +34,13 @@ class Prompt:
         """What generation takes: the chat messages, or the plain text."""
         return self.messages if self.messages is not None else self.text
 
+    @property
+    def digest(self) -> str:
+        """This prompt's own identity across runs: the version a set holding only this prompt
+        would have. A set's version changes with which prompts a limit keeps; this does not, so
+        runs that kept different numbers of a set's prompts still agree on each prompt."""
+        return content_version([self])
+
     def to_dict(self) -> dict:
         """The record as it is written in a prompt file (absent fields left out)."""
         d: dict = {"id": self.id, "domain": self.domain}
@@ -65,6 +72,7 @@ def content_version(prompts: list[Prompt]) -> str:
     """Hash of the prompts themselves, not of the file's bytes: reformatting a file or reordering
     keys keeps the version, changing any prompt (or which prompts a limit keeps) changes it."""
     lines = (json.dumps(p.to_dict(), sort_keys=True, ensure_ascii=False, separators=(",", ":")) for p in prompts)
+    # Prompt.digest is this over one prompt, so a set's version and a prompt's digest are one rule.
     return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()[:12]
 
 
