@@ -73,7 +73,10 @@ def _run(run_id: str, machine: str, key: str, backend: str) -> Run:
 
 
 def trial(run_id: str, model: str, mode: str, cap: str, prompt: tuple, index: int, tok_s: float, *,
-          drafter: str | None = None, lossless: bool | None = True, accept=(3, 2, 1, 3), draft=(2, 2, 2, 2)) -> Trial:
+          drafter: str | None = None, lossless: bool | None = True, accept=(3, 2, 1, 3), draft=(2, 2, 2, 2),
+          version: str = "v1", digest: str | None = None) -> Trial:
+    """`version`: the prompt set's version as run; `digest`: the prompt's own (None: stored before
+    schema 4, or a set the lab could not rebuild)."""
     pset, pid, domain = prompt
     if mode == "baseline":
         accept, draft, lossless = (1,) * 8, (0,) * 8, None
@@ -83,8 +86,8 @@ def trial(run_id: str, model: str, mode: str, cap: str, prompt: tuple, index: in
                for i in range(depth)]
     return Trial(
         id=uuid.uuid4().hex, run_id=run_id, arm_key=f"{model}|{drafter or '-'}|{mode}|{cap}|{pset}|{pid}", trial_index=index,
-        model_id=model, drafter_id=drafter, mode=mode, cap=cap, prompt_set=pset, prompt_set_version="v1", prompt_id=pid,
-        domain=domain, max_new_tokens=64, output_hash="h", output_ids="[1, 2, 3]", num_tokens=n, prompt_tokens=20,
+        model_id=model, drafter_id=drafter, mode=mode, cap=cap, prompt_set=pset, prompt_set_version=version, prompt_id=pid,
+        prompt_digest=digest, domain=domain, max_new_tokens=64, output_hash="h", output_ids="[1, 2, 3]", num_tokens=n, prompt_tokens=20,
         finish_reason="length", num_rounds=len(accept), target_forwards=len(accept), accept_lengths=json.dumps(list(accept)),
         draft_lengths=json.dumps(list(draft)), per_position_acceptance=json.dumps(profile),
         caps_chosen=json.dumps([2] * len(accept)) if cap == "auto" else None,

@@ -17,6 +17,7 @@ from dspark_lab.cli import app
 from dspark_lab.db import open_db
 from dspark_lab.errors import DsparkError, InputError
 from dspark_lab.lab import results as results_mod
+from dspark_lab.lab.prompts import load_prompt_set
 from dspark_lab.lab.results import export_run, ingest, read_result
 from dspark_lab.schemas.records import SCHEMA_VERSION
 from dspark_lab.lab.sweep import SweepConfig, load_grid, run_sweep
@@ -58,6 +59,10 @@ def test_sweep_stores_every_trial(tiny_dirs, head, tmp_path):
     assert rows(db, "select count(*) from trials where mode != 'baseline' and lossless")[0][0] == 32
     assert rows(db, "select count(*) from trials where cap = 'auto' and caps_chosen is null")[0][0] == 0
     assert rows(db, "select count(*) from (select arm_key, trial_index from trials group by all having count(*) > 1)")[0][0] == 0
+    # Every trial names its prompt's own digest, the one the prompt has in its whole set.
+    whole = {(s, p.id): p.digest for s in ("code", "chat") for p in load_prompt_set(s).prompts}
+    stored = rows(db, "select distinct prompt_set, prompt_id, prompt_digest from trials")
+    assert len(stored) == 4 and all(whole[(s, pid)] == digest for s, pid, digest in stored)
     cfg = json.loads(rows(db, "select config from runs")[0][0])
     assert set(cfg["prompt_set_versions"]) == {"code", "chat"}
     stamp = json.loads(rows(db, "select device_stamp from runs")[0][0])
@@ -209,7 +214,7 @@ def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
 
 
 def test_a_version_1_database_gains_the_tie_and_digest_columns(tmp_path):
-    """Databases written before schemas 2 and 3 are migrated in place; their old trials stay unknown (NULL)."""
+    """Databases written before schemas 2, 3 and 4 are migrated in place; their old trials stay unknown (NULL)."""
     from sqlalchemy import text
 
     db = tmp_path / "old.duckdb"
@@ -221,6 +226,7 @@ def test_a_version_1_database_gains_the_tie_and_digest_columns(tmp_path):
         conn.execute(text("ALTER TABLE trials DROP COLUMN mismatch_gap"))
         conn.execute(text("ALTER TABLE trials DROP COLUMN mismatch_tie"))
         conn.execute(text("ALTER TABLE trials DROP COLUMN drafter_digest"))
+        conn.execute(text("ALTER TABLE trials DROP COLUMN prompt_digest"))
         for _, sql in indexes:
             conn.execute(text(sql))
         conn.execute(text("DELETE FROM schema_info"))
@@ -228,7 +234,7 @@ def test_a_version_1_database_gains_the_tie_and_digest_columns(tmp_path):
     engine.dispose()
     open_db(db).dispose()
     cols = {c for (c,) in rows(db, "select column_name from information_schema.columns where table_name = 'trials'")}
-    assert {"mismatch_gap", "mismatch_tie", "drafter_digest"} <= cols
+    assert {"mismatch_gap", "mismatch_tie", "drafter_digest", "prompt_digest"} <= cols
     assert rows(db, "select max(version) from schema_info")[0][0] == SCHEMA_VERSION
 
 
@@ -286,7 +292,7 @@ def test_export_ingest_round_trip(tiny_dirs, head, tmp_path):
     path = export_run(engine, rid, tmp_path / "result.json")
     engine.dispose()
     doc = json.loads(path.read_text())
-    assert doc["format"] == "dspark-lab-result" and doc["schema_version"] == SCHEMA_VERSION == 3 and doc["run"]["device_stamp"]
+    assert doc["format"] == "dspark-lab-result" and doc["schema_version"] == SCHEMA_VERSION == 4 and doc["run"]["device_stamp"]
     other = open_db(tmp_path / "b.duckdb")
     assert "ingested run" in ingest(other, [path])[0][1]
     assert "already in the database" in ingest(other, [path])[0][1]

@@ -20,4 +20,12 @@ def _v2_to_v3(engine: Engine) -> None:
         conn.execute(text("ALTER TABLE trials ADD COLUMN drafter_digest VARCHAR"))
 
 
-MIGRATIONS: dict = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(engine: Engine) -> None:
+    """Trials learn their prompt's own digest (prompt_digest), so one prompt run from sets of
+    different --prompt-limit counts once. Trials stored before stay NULL here: the db layer cannot
+    rebuild a prompt set; lab/prompt_identity.backfill_prompt_digests fills those it can."""
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE trials ADD COLUMN prompt_digest VARCHAR"))
+
+
+MIGRATIONS: dict = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}

@@ -10,7 +10,7 @@ from sqlalchemy import Double
 from sqlmodel import Field, SQLModel
 
 # Bump when a table changes; dspark_lab/db/migrations.py says how to get from each version to the next.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def utcnow() -> datetime:
@@ -92,8 +92,13 @@ class Trial(SQLModel, table=True):
     mode: str  # baseline | lookup | dspark | dspark-pipe | dflash | draft
     cap: str  # "0" for baseline, a number, or "auto"
     prompt_set: str
-    prompt_set_version: str
+    prompt_set_version: str  # the whole set as run: a --prompt-limit changes it
     prompt_id: str
+    # The prompt's own content (lab/prompts/core.Prompt.digest; schema version 4): the same prompt
+    # run from sets limited to different lengths is one prompt, which the set version cannot say.
+    # None for trials stored before version 4 whose set is not one the lab can rebuild (a
+    # built-in set, lab/prompt_identity.py).
+    prompt_digest: str | None = None
     domain: str
     max_new_tokens: int
     temperature: float = Field(default=0.0, sa_type=Double)
