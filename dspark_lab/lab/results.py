@@ -1,6 +1,10 @@
 """Result JSON: a run exported as one self-describing, schema-versioned, device-stamped file that
 other machines send to the maintainers, and `ingest`, which validates such files and merges
 them into a database (de-duplicated by run id). Also Parquet export of the tables.
+
+A file written before schema 4 has no prompt_digest on its trials; ingest fills it wherever a
+built-in set version fixes the prompt (lab/prompt_identity.py), so its prompts pool with other
+runs' whatever --prompt-limit each run used.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from sqlmodel import Session, select
 
 from ..errors import DsparkError
 from ..schemas.records import SCHEMA_VERSION, CalibrationRecord, Run, Trial
+from .prompt_identity import backfill_prompt_digests, fill_prompt_digests
 
 FORMAT = "dspark-lab-result"
 MAX_BYTES = 64 * 1024 * 1024  # a result of tens of thousands of trials is a few MB; more is not a result file
@@ -112,7 +117,10 @@ def read_result(path: str | Path) -> tuple[Run, list[Trial], list[CalibrationRec
 
 def ingest(engine, paths: list[str | Path]) -> list[tuple[str, str]]:
     """Merge result files into the database. Returns (file, outcome) per file; a bad file is
-    reported and skipped, never half-merged; a run already present is skipped."""
+    reported and skipped, never half-merged; a run already present is skipped. Trials without a
+    prompt digest (files from before schema 4) get the one their built-in set fixes, and so do
+    such trials already in the database, so old and new runs pool by prompt alike."""
+    backfill_prompt_digests(engine)
     outcomes = []
     for p in paths:
         try:
@@ -126,6 +134,7 @@ def ingest(engine, paths: list[str | Path]) -> list[tuple[str, str]]:
                 outcomes.append((str(p), f"skipped: run {run_id} is already in the database"))
                 continue
             run.source = f"ingested:{Path(p).name}"
+            fill_prompt_digests(trials)
             s.add(run)
             s.add_all(trials)
             known = {c.id for c in s.exec(select(CalibrationRecord)).all()}

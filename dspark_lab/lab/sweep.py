@@ -330,6 +330,7 @@ def run_sweep(
     """Run (or resume) a sweep into `db_path`; returns the run id."""
     from ..db import open_db
     from .device import collect_device_stamp, device_key, machine_class
+    from .prompt_identity import backfill_prompt_digests
     from .prompts import load_prompt_sets
 
     say = on_event or (lambda _m: None)
@@ -344,6 +345,8 @@ def run_sweep(
     from ..engine.loading import weights_digest
 
     try:  # a refusal here (no such run, a changed head) leaves the file closed for the caller
+        # Older runs in this file pool with this one by prompt digest where their sets allow it.
+        backfill_prompt_digests(engine)
         run_id = resume if isinstance(resume, str) else (find_resumable(engine, cfg) if resume else None)
         # Which version of each drafter's weights this run measures: stored on every trial, and a
         # resumed run refuses drafters that hold other weights than it measured.
