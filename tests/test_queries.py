@@ -201,3 +201,69 @@ def test_a_malformed_list_column_is_a_clear_error(tmp_path):
         conn.exec_driver_sql("update trials set accept_lengths = '[1, 2' where id = (select min(id) from trials)")
     with pytest.raises(DsparkError, match="has a malformed accept_lengths"):
         trials_frame(engine)
+
+
+def _two_runs_of_one_prompt(tmp_path, first: dict, second: dict):
+    """code-001 measured by two runs on one device: baseline 100 tok/s and dspark at 200 (ratio 2)
+    in the first, baseline 100 and dspark 300 (ratio 3) in the second. `first` and `second`: each
+    run's prompt_set_version and prompt_digest (trial's version=, digest=)."""
+    from labdb import _run
+
+    engine = open_db(tmp_path / "db.duckdb")
+    prompt = PROMPTS[0]
+    with Session(engine) as s:
+        for run_id, stored, arm_tok_s in (("run-1", first, 200.0), ("run-2", second, 300.0)):
+            s.add(_run(run_id, METAL, "dk-metal", "metal"))
+            s.add(trial(run_id, MODEL_A, "baseline", "0", prompt, 0, 100.0, **stored))
+            s.add(trial(run_id, MODEL_A, "dspark", "2", prompt, 0, arm_tok_s, drafter=HEAD_A, **stored))
+        s.commit()
+    return summary(engine, by_domain=False)
+
+
+def test_one_prompt_run_from_two_prompt_limits_counts_once(tmp_path):
+    """The same prompt, run by a sweep that kept 2 prompts of its set and one that kept 4: two set
+    versions, one prompt digest. It is one prompt, its ratio the mean of the two runs' (2 and 3)."""
+    from dspark_lab.lab.prompts import load_prompt_set
+
+    short, long = load_prompt_set("code", limit=2), load_prompt_set("code", limit=4)
+    assert short.version != long.version and short.prompts[0].id == PROMPTS[0][1]
+    digest = short.prompts[0].digest
+    rows = _two_runs_of_one_prompt(tmp_path, {"version": short.version, "digest": digest},
+                                   {"version": long.version, "digest": digest})
+    arm = _row(rows, mode="dspark", cap="2")
+    assert (arm["trials"], arm["prompts"], arm["matched_prompts"]) == (2, 1, 1)
+    assert arm["speedup"] == pytest.approx(2.5) and (arm["ci_lo"], arm["ci_hi"]) == pytest.approx((2.5, 2.5))
+    assert _row(rows, mode="baseline")["prompts"] == 1
+
+
+def test_without_digests_a_prompt_is_known_by_its_set_version(tmp_path):
+    """Trials stored before digests, of a set the lab cannot rebuild, keep today's identity: two
+    set versions are two prompts (each its own run's ratio), one version is one prompt."""
+    two = _row(_two_runs_of_one_prompt(tmp_path / "two", {"version": "mine-a"}, {"version": "mine-b"}), mode="dspark")
+    assert (two["prompts"], two["matched_prompts"]) == (2, 2)
+    assert two["speedup"] == pytest.approx(2.5) and two["ci_lo"] < 2.5 < two["ci_hi"]  # resamples {2, 3}
+    one = _row(_two_runs_of_one_prompt(tmp_path / "one", {"version": "mine-a"}, {"version": "mine-a"}), mode="dspark")
+    assert (one["prompts"], one["matched_prompts"]) == (1, 1) and one["speedup"] == pytest.approx(2.5)
+
+
+def test_a_trial_without_a_digest_takes_the_one_its_set_version_fixes(tmp_path):
+    """A run of a user's prompt file stored before digests, beside one stored after: the same set
+    version is the same text, so the prompt counts once. Within one run resumed across the upgrade
+    (a baseline without a digest, an arm with one) the arm still pairs with its own run's baseline."""
+    old, new = {"version": "mine-a"}, {"version": "mine-a", "digest": "d1"}
+    rows = _two_runs_of_one_prompt(tmp_path / "mixed", old, new)
+    assert (_row(rows, mode="dspark")["prompts"], _row(rows, mode="baseline")["prompts"]) == (1, 1)
+
+    from labdb import _run
+
+    engine = open_db(tmp_path / "resumed.duckdb")
+    prompt = PROMPTS[0]
+    with Session(engine) as s:
+        s.add(_run("resumed", METAL, "dk-metal", "metal"))
+        s.add(_run("other", METAL, "dk-metal", "metal"))
+        s.add(trial("resumed", MODEL_A, "baseline", "0", prompt, 0, 100.0, **old))
+        s.add(trial("resumed", MODEL_A, "dspark", "2", prompt, 0, 200.0, drafter=HEAD_A, **new))
+        s.add(trial("other", MODEL_A, "baseline", "0", prompt, 0, 50.0, **new))  # a slower machine's baseline
+        s.commit()
+    arm = _row(summary(engine, by_domain=False), mode="dspark")
+    assert arm["speedup"] == pytest.approx(2.0)  # 200 / its own run's 100, not / the other run's 50

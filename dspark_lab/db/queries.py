@@ -33,9 +33,14 @@ _LIST_COLUMNS = {
 # Run columns carried onto every trial: where (and by what) each number was measured.
 _RUN_COLUMNS = ("machine", "device_key", "dspark_lab_version")
 
-# A trial's prompt identity for pairing an arm with its baseline: the same prompt text (set,
-# version, id), the same length budget and temperature, on the same device.
-PROMPT_KEY = ["device_key", "prompt_set", "prompt_set_version", "prompt_id", "max_new_tokens", "temperature"]
+# A trial's prompt identity for pairing an arm with its baseline: the same prompt text (set, id
+# and prompt_key: _with_prompt_key), the same length budget and temperature, on the same device.
+# The id comes before the key so the bootstrap sees a set's prompts in id order, as it did when
+# the key was the set version, one for the whole set.
+PROMPT_KEY = ["device_key", "prompt_set", "prompt_id", "prompt_key", "max_new_tokens", "temperature"]
+# What fixes a prompt's text where its digest is unknown: a set version hashes every prompt of the
+# set as run, so one (set, version, id) is one text.
+_PROMPT_IN_SET = ["prompt_set", "prompt_set_version", "prompt_id"]
 ARM_KEY = ["machine", "model_id", "drafter_id", "mode", "cap", "domain"]
 
 
@@ -97,7 +102,22 @@ def trials_frame(engine: Engine, run_ids: list[str] | None = None) -> pl.DataFra
             raise DsparkError(_bad_json(trials, name)) from None
     runs = runs_frame(engine, run_ids)
     trials = trials.join(runs.select(pl.col("id").alias("run_id"), *_RUN_COLUMNS), on="run_id", how="left")
-    return _with_limit(trials, runs)
+    return _with_prompt_key(_with_limit(trials, runs))
+
+
+def _with_prompt_key(trials: pl.DataFrame) -> pl.DataFrame:
+    """Add prompt_key, what makes two trials' prompts one across runs: the prompt's own digest
+    (schema 4), so a prompt run from sets of different --prompt-limit counts once; else the set
+    version (trials stored before, of a set the lab could not rebuild: lab/prompt_identity.py).
+
+    A trial without a digest takes the digest of any trial of the same set, set version and id,
+    since that is the same text: a run resumed across the upgrade, or an old run of the same
+    prompt file beside a new one, then pairs and pools as it did before digests existed."""
+    known = (trials.filter(pl.col("prompt_digest").is_not_null())
+             .group_by(_PROMPT_IN_SET).agg(pl.col("prompt_digest").min().alias("_same_text_digest")))
+    return (trials.join(known, on=_PROMPT_IN_SET, how="left")
+            .with_columns(prompt_key=pl.coalesce("prompt_digest", "_same_text_digest", "prompt_set_version"))
+            .drop("_same_text_digest"))
 
 
 def _with_limit(trials: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
@@ -195,7 +215,7 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
             by_domain: bool = True, trials: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per arm: (machine, model_id, drafter_id, mode, cap, domain), baselines included.
 
-    - trials, prompts: how many generations and distinct prompts the arm has;
+    - trials, prompts: how many generations and distinct prompts (PROMPT_KEY) the arm has;
     - median_tok_s: median decode tok/s over the arm's trials; baseline_median_tok_s: median of
       the same model's baseline trials on the prompts the arm shares with it (matched_prompts),
       from the arm's own runs where they have them;
@@ -203,7 +223,10 @@ def summary(engine: Engine, run_ids: list[str] | None = None, n_boot: int = 1000
       plain_decoding_model(model_id) where the arm's run has it: a routed copy's, its model's), each side averaged
       over its trials of that prompt in one run, the baseline taken from the same run (measured
       side by side) and, only where that run has none for the prompt, from every run on the same
-      device; a prompt measured in several runs counts once, with the mean of its runs' ratios;
+      device; a prompt measured in several runs counts once, with the mean of its runs' ratios.
+      A prompt is known across runs by its own content digest (prompt_key: prompt_digest), so
+      sets cut by different --prompt-limit values share the prompts they both kept; trials stored
+      before digests, of a set the lab could not rebuild, are known by their set's version;
       ci_lo/ci_hi: bootstrap 95% interval resampling prompts (`n_boot` resamples, deterministic
       in `seed`); null when the arm has no baseline;
     - mean_accept_len: mean of the trials' mean accept length; per_position_acceptance: d0..dk
