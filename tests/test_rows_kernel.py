@@ -13,7 +13,7 @@ from conftest import PROMPTS
 from dspark_lab import greedy_generate, load_target, speculative_generate
 from dspark_lab.engine.drafters.load import load_dspark
 from dspark_lab.engine.kernels import cuda_available
-from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, dequantize_float32, every_width, k_split, wide_k_split,
+from dspark_lab.engine.rows_kernel import (LAYOUTS, MAX_ROWS, columns_per_block, dequantize_float32, every_width, k_split, tiles_warps, wide_k_split,
                                            quantized_rows_matmul, reference_rows_matmul, route_quantized_rows, supports,
                                            unroute_quantized_rows, worth_routing)
 from dspark_lab.db import open_db
@@ -62,6 +62,10 @@ def test_launch_shape_depends_on_k_alone_where_it_changes_the_sums():
     # The wide layout: a lane loads 16 bytes (4 packed words), so the warps follow K's chunks, still K alone.
     assert [wide_k_split(896, 4), wide_k_split(1536, 4), wide_k_split(4864, 4), wide_k_split(8960, 4),
             wide_k_split(896, 8)] == [1, 2, 5, 8, 2]
+    # The tiles layout: its warps take columns of their own (never a share of K), as many as keep
+    # about two blocks a multiprocessor; each output's sum is then one lane walk and the shuffles.
+    assert not LAYOUTS["tiles"].split_k and LAYOUTS["words"].split_k and LAYOUTS["wide"].split_k
+    assert [tiles_warps(1, 1536), tiles_warps(8, 4864), tiles_warps(8, 17920), tiles_warps(32, 151936)] == [1, 4, 8, 8]
 
 
 def test_the_stand_in_is_the_float32_product_rounded_once():
