@@ -1,6 +1,7 @@
 """The rows kernel (engine/rows_kernel.py) on a real quantized target, beside MLX's quantized
 matmul, side by side in one process (CUDA only).
 
+    python benchmarks/rows_kernel.py --shapes NxK,... [--rows ...] [--repeats 30] [--json F]   (part 2 on random layers)
     python benchmarks/rows_kernel.py --model DIR [--head DIR] [--rows 1,2,4,7,8,9,16,17,32] [--widths 1,2,8,16,17,33]
         [--repeats 30] [--prompts 4] [--tree-pipe 16] [--caps 7] [--copies worth_routing,every_width:wide] [--json F]
 
@@ -112,44 +113,28 @@ def parse_copies(args) -> list[tuple[str, str]]:
     return copies
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--rows", default="1,2,4,7,8,9,16,17,32")
-    ap.add_argument("--widths", default="1,2,8,16,17,33")
-    ap.add_argument("--head", default=None)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--tree-pipe", default="16")
-    ap.add_argument("--caps", default="7", help="the pipelined chain's caps in decoding (the trees take the first)")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--dtype", default=None, help="cast the float weights and a quantized model's scales (bfloat16: what the kernel reads)")
-    ap.add_argument("--policies", default="worth_routing",
-                    help="routed copies, one per policy, the words layout: worth_routing (the engine's), with_verifies, multi_row, every_width")
-    ap.add_argument("--copies", default=None,
-                    help="routed copies as POLICY[:LAYOUT] (layout words or wide), e.g. worth_routing,multi_row:wide")
-    ap.add_argument("--every-width", action="store_true",
-                    help="the routed copy sends every product the kernel takes through it (default: the engine's policy, worth_routing)")
-    ap.add_argument("--reference", action="store_true",
-                    help="route through reference_rows_matmul (MLX operations) instead of the kernel: a dry run of this script off CUDA")
-    ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    rows_list = [int(r) for r in args.rows.split(",") if r.strip()]
-    layouts = {name: (reference_rows_matmul if args.reference else quantized_rows_matmul(name)) for name in LAYOUTS}
-    plain, tok = load_target(args.model, dtype=args.dtype)
-    wanted = parse_copies(args)
-    # One routed copy per (policy, layout): "kernel" alone, else named by both (an arm is "pipe<cap>-<copy>").
-    copies = {}
-    for policy, layout in wanted:
-        routed, _ = load_target(args.model, dtype=args.dtype)
-        name = "kernel" if len(wanted) == 1 else policy.replace("_", "") + ("" if layout == "words" else layout)
-        copies[name] = routed
-        n = routed.route_quantized_rows(layouts[layout], policy=POLICIES[policy])
-        print(f"{name}: {n} layers routed through the kernel ({policy}, {layout} layout)", flush=True)
-    report: dict = {"model": args.model, "device": str(mx.default_device()), "layers": {}, "forward": {}}
-
+def random_layers(shapes: str) -> dict[str, nn.Module]:
+    """4-bit layers of the given NxK shapes (group 64, bfloat16 scales, as fetch-model stores the
+    Qwen imports) with random weights: a product's time does not depend on its values."""
+    layers = {}
     mx.random.seed(0)
-    for key, m in layer_shapes(plain.model).items():
+    for spec in (s.strip() for s in shapes.split(",") if s.strip()):
+        try:
+            n, k = (int(v) for v in spec.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes {spec!r}: write each shape as NxK (output columns x input width), e.g. 1536x8960") from None
+        linear = nn.Linear(k, n, bias=False)
+        linear.set_dtype(mx.bfloat16)
+        layer = nn.QuantizedLinear.from_linear(linear, group_size=64, bits=4)
+        mx.eval(layer.parameters())
+        layers[f"random N={n} K={k} 4b g64"] = layer
+    return layers
+
+
+def time_products(args, shapes: dict[str, nn.Module], layouts: dict, rows_list: list[int], report: dict) -> None:
+    """Part 2 (and 1's exactness) for each layer of `shapes` at each row count, into report["layers"]."""
+    mx.random.seed(0)
+    for key, m in shapes.items():
         k = m.weight.shape[1] * 32 // m.bits
         entry = report["layers"][key] = {}
         for rows in rows_list:
@@ -173,9 +158,61 @@ def main() -> None:
                     e[f"{name}_compiled_us"] = compiled_per_call_us(product, x, args.repeats)
             errors = " ".join(f"{n} {e[n + '_error']:.1e}{'' if e.get(n + '_rows_alone_equal', True) else ' (rows differ alone!)'}"
                               for n in ("mlx", *layouts))
+            e["weight_bytes"] = w.nbytes + s.nbytes + b.nbytes  # what a product must read once at least
             timing = "" if "mlx_us" not in e else "; us python/compiled: " + ", ".join(
-                f"{n} {e[n + '_us']:.1f}/{e[n + '_compiled_us']:.1f}" for n in products)
+                f"{n} {e[n + '_us']:.1f}/{e[n + '_compiled_us']:.1f}" for n in products) + "; TB/s compiled: " + ", ".join(
+                f"{n} {e['weight_bytes'] / e[n + '_compiled_us'] / 1e6:.2f}" for n in products)
             print(f"{key:42s} rows {rows:2d}: error {errors}{timing}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--shapes", default=None,
+                    help="NxK[,NxK...]: time random 4-bit layers of these shapes (bfloat16 scales, group 64) instead of "
+                         "a model's, part 2 only: no weights to ship (e.g. the Qwen 1.5B's 2048x1536,1536x1536,17920x1536,1536x8960,151936x1536)")
+    ap.add_argument("--rows", default="1,2,4,7,8,9,16,17,32")
+    ap.add_argument("--widths", default="1,2,8,16,17,33")
+    ap.add_argument("--head", default=None)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--tree-pipe", default="16")
+    ap.add_argument("--caps", default="7", help="the pipelined chain's caps in decoding (the trees take the first)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default=None, help="cast the float weights and a quantized model's scales (bfloat16: what the kernel reads)")
+    ap.add_argument("--policies", default="worth_routing",
+                    help="routed copies, one per policy, the words layout: worth_routing (the engine's), with_verifies, multi_row, every_width")
+    ap.add_argument("--copies", default=None,
+                    help="routed copies as POLICY[:LAYOUT] (layout words or wide), e.g. worth_routing,multi_row:wide")
+    ap.add_argument("--every-width", action="store_true",
+                    help="the routed copy sends every product the kernel takes through it (default: the engine's policy, worth_routing)")
+    ap.add_argument("--reference", action="store_true",
+                    help="route through reference_rows_matmul (MLX operations) instead of the kernel: a dry run of this script off CUDA")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows_list = [int(r) for r in args.rows.split(",") if r.strip()]
+    layouts = {name: (reference_rows_matmul if args.reference else quantized_rows_matmul(name)) for name in LAYOUTS}
+    if (args.model is None) == (args.shapes is None):
+        raise SystemExit("give --model DIR (a model's layers, forwards, decoding) or --shapes NxK,... (random layers' products only)")
+    if args.shapes:
+        report = {"shapes": args.shapes, "device": str(mx.default_device()), "layers": {}}
+        time_products(args, random_layers(args.shapes), layouts, rows_list, report)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+        return
+    plain, tok = load_target(args.model, dtype=args.dtype)
+    wanted = parse_copies(args)
+    # One routed copy per (policy, layout): "kernel" alone, else named by both (an arm is "pipe<cap>-<copy>").
+    copies = {}
+    for policy, layout in wanted:
+        routed, _ = load_target(args.model, dtype=args.dtype)
+        name = "kernel" if len(wanted) == 1 else policy.replace("_", "") + ("" if layout == "words" else layout)
+        copies[name] = routed
+        n = routed.route_quantized_rows(layouts[layout], policy=POLICIES[policy])
+        print(f"{name}: {n} layers routed through the kernel ({policy}, {layout} layout)", flush=True)
+    report: dict = {"model": args.model, "device": str(mx.default_device()), "layers": {}, "forward": {}}
+
+    time_products(args, layer_shapes(plain.model), layouts, rows_list, report)
 
     # The whole compiled forward at each width, both copies at the same cache offset, interleaved.
     ids = mx.array(tok.encode("def quicksort(items):\n    \"\"\"Sort a list.\"\"\"\n" * 4), dtype=mx.uint32)

@@ -315,11 +315,20 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     load_script("rows_kernel").main()
     report = json.loads(out.read_text())
     assert report["layers"] and all(e[str(r)][f"{layout}_error"] == 0.0 and e[str(r)][f"{layout}_rows_alone_equal"]
-                                    for e in report["layers"].values() for r in (1, 9) for layout in ("words", "wide"))
+                                    for e in report["layers"].values() for r in (1, 9) for layout in ("words", "wide", "tiles"))
     assert set(report["forward"]) == {"1", "8"}
     arms = {r["arm"] for r in report["decode"]}
     assert arms == {f"{a}-{c}" for a in ("greedy", "pipe4", "tree4-pipe") for c in ("mlx", "kernel")}
     assert all(r["equals_own_greedy"] for r in report["decode"])  # routed at every width: the kernel's own arithmetic
+    # Random layers of given shapes, products only: no model to ship to time a model's shapes.
+    out = tmp_path / "shapes.json"
+    monkeypatch.setattr(sys, "argv", ["rows_kernel.py", "--shapes", "64x128,96x256", "--reference", "--rows", "1,3",
+                                      "--repeats", "1", "--json", str(out)])
+    load_script("rows_kernel").main()
+    report = json.loads(out.read_text())
+    assert set(report["layers"]) == {"random N=64 K=128 4b g64", "random N=96 K=256 4b g64"}
+    assert all(e[str(r)][f"{layout}_error"] == 0.0 and e[str(r)]["weight_bytes"] > 0
+               for e in report["layers"].values() for r in (1, 3) for layout in ("words", "wide", "tiles"))
     # One routed copy per policy and layout, each its own arms and forward column, MLX's beside them.
     out = tmp_path / "policies.json"
     monkeypatch.setattr(sys, "argv", ["rows_kernel.py", "--model", str(model), "--head", str(head), "--reference",
