@@ -13,7 +13,7 @@ from conftest import PROMPTS
 from dspark_lab import greedy_generate, load_target, speculative_generate
 from dspark_lab.engine.drafters.load import load_dspark
 from dspark_lab.engine.kernels import cuda_available
-from dspark_lab.engine.rows_kernel import (LAYOUTS, MAX_ROWS, columns_per_block, dequantize_float32, every_width, k_split, tiles_warps, wide_k_split,
+from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, dequantize_float32, every_width, k_split, wide_k_split,
                                            quantized_rows_matmul, reference_rows_matmul, route_quantized_rows, supports,
                                            unroute_quantized_rows, worth_routing)
 from dspark_lab.db import open_db
@@ -62,10 +62,6 @@ def test_launch_shape_depends_on_k_alone_where_it_changes_the_sums():
     # The wide layout: a lane loads 16 bytes (4 packed words), so the warps follow K's chunks, still K alone.
     assert [wide_k_split(896, 4), wide_k_split(1536, 4), wide_k_split(4864, 4), wide_k_split(8960, 4),
             wide_k_split(896, 8)] == [1, 2, 5, 8, 2]
-    # The tiles layout: its warps take columns of their own (never a share of K), as many as keep
-    # about two blocks a multiprocessor; each output's sum is then one lane walk and the shuffles.
-    assert not LAYOUTS["tiles"].split_k and LAYOUTS["words"].split_k and LAYOUTS["wide"].split_k
-    assert [tiles_warps(1, 1536), tiles_warps(8, 4864), tiles_warps(8, 17920), tiles_warps(32, 151936)] == [1, 4, 8, 8]
 
 
 def test_the_stand_in_is_the_float32_product_rounded_once():
@@ -102,11 +98,14 @@ def test_routed_layers_use_it_where_the_policy_says_and_go_back():
     q(mx.zeros((MAX_ROWS + 1, 128), dtype=mx.bfloat16))  # a prefill: never
     q(x.astype(mx.float32))  # not bfloat16: never
     assert product.shapes == [(2, 3, 128), (1, 1, 128)]
-    # The engine's policy takes a layer this small at no width: it gets its own class back (an
-    # uncompiled step then pays no detour through the routed class's Python).
-    assert route_quantized_rows(model, product) == 0 and type(q) is nn.QuantizedLinear and not hasattr(q, "_dspark_rows")
-    q(x)
+    # The engine's policy takes a layer this small at a chain verify's widths only (8-16 rows).
+    assert route_quantized_rows(model, product) == 2 and q._dspark_widths == frozenset(range(8, 17))
+    q(x)  # 6 rows: MLX's product
     assert len(product.shapes) == 2
+    # A policy that takes a layer at no width gives it its own class back (an uncompiled step then
+    # pays no detour through the routed class's Python).
+    never = lambda rows, weights: False  # noqa: E731
+    assert route_quantized_rows(model, product, policy=never) == 0 and type(q) is nn.QuantizedLinear and not hasattr(q, "_dspark_rows")
     asked = []
 
     def at_three_rows(rows, weights):
@@ -124,13 +123,15 @@ def test_routed_layers_use_it_where_the_policy_says_and_go_back():
     assert unroute_quantized_rows(model) == 2 and type(q) is nn.QuantizedLinear and not hasattr(q, "_dspark_rows")
 
 
-def test_the_engine_routes_where_mlx_reads_the_weights_again_for_every_row():
-    """Measured on the H100 (thirty-eighth round): the vocabulary projection from 2 rows, an MLP
-    matrix from 4, a small attention matrix never; from 8 rows MLX's tensor-core kernel wins."""
+def test_the_engine_routes_where_mlx_reads_the_weights_again_for_every_row_and_a_chains_verify():
+    """Measured on the H100 (thirty-eighth round): below 8 rows the vocabulary projection from 2
+    rows, an MLP matrix from 4, a small attention matrix never. Measured on the H200 (forty-fifth
+    round): a compiled forward of 8-16 rows, a chain's verify, faster with every product routed. A
+    one-row step and a tree's verify of 17 rows and more keep MLX's kernels."""
     vocab, mlp, attention = 151936 * 896, 4864 * 896, 896 * 896
-    assert [worth_routing(r, vocab) for r in (1, 2, 7, 8, 17)] == [False, True, True, False, False]
-    assert [worth_routing(r, mlp) for r in (2, 3, 4, 7, 8)] == [False, True, True, True, False]
-    assert not any(worth_routing(r, attention) for r in range(1, MAX_ROWS + 1))
+    assert [worth_routing(r, vocab) for r in (1, 2, 7, 8, 16, 17)] == [False, True, True, True, True, False]
+    assert [worth_routing(r, mlp) for r in (2, 3, 4, 7, 8)] == [False, True, True, True, True]
+    assert [r for r in range(1, MAX_ROWS + 1) if worth_routing(r, attention)] == list(range(8, 17))
 
 
 @pytest.fixture(scope="module")
@@ -315,7 +316,7 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     load_script("rows_kernel").main()
     report = json.loads(out.read_text())
     assert report["layers"] and all(e[str(r)][f"{layout}_error"] == 0.0 and e[str(r)][f"{layout}_rows_alone_equal"]
-                                    for e in report["layers"].values() for r in (1, 9) for layout in ("words", "wide", "tiles"))
+                                    for e in report["layers"].values() for r in (1, 9) for layout in ("words", "wide"))
     assert set(report["forward"]) == {"1", "8"}
     arms = {r["arm"] for r in report["decode"]}
     assert arms == {f"{a}-{c}" for a in ("greedy", "pipe4", "tree4-pipe") for c in ("mlx", "kernel")}
@@ -328,7 +329,7 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     report = json.loads(out.read_text())
     assert set(report["layers"]) == {"random N=64 K=128 4b g64", "random N=96 K=256 4b g64"}
     assert all(e[str(r)][f"{layout}_error"] == 0.0 and e[str(r)]["weight_bytes"] > 0
-               for e in report["layers"].values() for r in (1, 3) for layout in ("words", "wide", "tiles"))
+               for e in report["layers"].values() for r in (1, 3) for layout in ("words", "wide"))
     # One routed copy per policy and layout, each its own arms and forward column, MLX's beside them.
     out = tmp_path / "policies.json"
     monkeypatch.setattr(sys, "argv", ["rows_kernel.py", "--model", str(model), "--head", str(head), "--reference",
@@ -388,14 +389,16 @@ def test_the_trees_session_script_runs_the_kernel_precision_and_check(tmp_path):
 
 
 def test_with_verifies_routes_the_draft_projection_and_every_verify_width():
-    """The candidate policy: worth_routing's products (a large layer at 2-7 rows), and every
-    product of 8 to MAX_ROWS rows whatever its size; never a one-row step or a prefill."""
+    """The candidate policy: worth_routing's products (a large layer at 2-7 rows, every layer at a
+    chain verify's 8-16), and every product of 17 to MAX_ROWS rows too (a tree's verify); never a
+    one-row step or a prefill."""
     from dspark_lab.engine.rows_kernel import MAX_ROWS, with_verifies, worth_routing
 
     big, small = 151_936 * 896, 896 * 896
     assert with_verifies(7, big) and worth_routing(7, big)
     assert not with_verifies(4, small) and not with_verifies(1, big) and not with_verifies(MAX_ROWS + 1, small)
-    assert all(with_verifies(r, small) for r in (8, 16, 17, MAX_ROWS)) and not worth_routing(8, small)
+    assert all(with_verifies(r, small) for r in (8, 16, 17, MAX_ROWS)) and worth_routing(8, small)
+    assert not worth_routing(17, small) and not worth_routing(MAX_ROWS, small)
 
 
 def test_cuda_graphs_reads_mlx_graph_files_and_runs_here(tmp_path, monkeypatch):

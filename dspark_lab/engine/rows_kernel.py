@@ -5,9 +5,11 @@ tree's verify its nodes + 1. On MLX's CUDA backend a 4-bit product of fewer than
 matrix-vector kernel that reads the weights again for every row (the 0.5B's vocabulary
 projection: 87 us at one row, 566 at 7 on an H100); from 8 rows its tensor-core kernel reads them
 once. This kernel reads each weight once for all of 1-32 rows. Measured (docs/performance.md,
-thirty-eighth and forty-first rounds), it beats MLX's only where MLX re-reads a large matrix (a call
-costs about 2.5 us more than one of MLX's in a compiled forward, 10 us more built from Python,
-whatever the layer), so the engine routes only there (worth_routing).
+thirty-eighth and forty-first rounds), product by product it beats MLX's only where MLX re-reads a
+large matrix (a call costs about 2.5 us more than one of MLX's in a compiled forward, 10 us more
+built from Python, whatever the layer); but a whole compiled forward of 8-16 rows, a chain's verify,
+ran 1.3-1.8x faster with every product through it (forty-fifth round). The engine routes both
+(worth_routing).
 
 How: one thread block per C output columns; its warps split the K dimension, each lane takes
 every 32nd packed word of its share, dequantizes the word's 8 (4-bit) or 4 (8-bit) weights once
@@ -26,7 +28,6 @@ through it only when asked (Target.route_quantized_rows).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import mlx.core as mx
@@ -45,22 +46,33 @@ MAX_ROWS = 32  # the most rows the kernel takes (a tree's verify); more is a pre
 # DSpark draft's projection at cap 7), an MLP matrix from 4 rows (7 rows: 13 against 22 us), never
 # a small attention matrix (a one-row forward ran 0.90x through the kernel). Compiled, as a forward
 # replays them, a call of this kernel costs about 2.5 us more than one of MLX's (forty-first round).
+# From 8 rows MLX's tensor-core kernel, timed alone, costs what one row does (the Qwen 1.5B's
+# products at 8-9 rows 1.65 ms a forward, as at one row); yet inside the compiled forward that the
+# pipelined chain's verify replays, a forward of 8-9 rows through it cost 8.8 ms where the same
+# forward with every product through this kernel cost 5.0 (the 1.5B; the 0.5B 5.1 against 3.7, and
+# 1.26-1.39x at 16 rows), on an H200 (docs/performance.md, forty-fifth round): so a verify's widths
+# go through this kernel too, every layer, up to a compiled forward's widest. (On an H100 in the
+# fortieth round, before the projections were stacked, routing a verify's 16-17 rows lost; whether
+# routing pays on a machine is the probe's to say: lab/kernel_probe.choose_rows_kernel times the
+# chain at cap 7 both ways.) A tree's verify of 17 rows and more keeps MLX's kernels.
 QMV_ROWS = range(2, 8)  # the widths MLX serves with its per-row matrix-vector kernel
 MIN_WEIGHT_ROWS = 12_000_000  # weights x rows below which MLX's re-reads cost less than this kernel's launch
+CHAIN_VERIFY_ROWS = range(8, 17)  # a chain's verify at caps 7-15, compiled forwards (compiled.MAX_WIDTH); a prompt of 8-16 tokens too
 
 
 def worth_routing(rows: int, weights: int) -> bool:
     """Whether a product of `rows` rows with a layer of `weights` weights should go through the
-    kernel (the engine's default policy; route_quantized_rows takes another)."""
-    return rows in QMV_ROWS and rows * weights >= MIN_WEIGHT_ROWS
+    kernel (the engine's default policy; route_quantized_rows takes another): where MLX re-reads a
+    large matrix for every row, and every product of a chain verify's widths."""
+    return (rows in QMV_ROWS and rows * weights >= MIN_WEIGHT_ROWS) or rows in CHAIN_VERIFY_ROWS
 
 
 VERIFY_ROWS = range(8, MAX_ROWS + 1)  # a pipelined verify's widths (cap + 1 rows, a tree's nodes)
 
 
 def with_verifies(rows: int, weights: int) -> bool:
-    """worth_routing's products, and every product of a verify's width (8 to MAX_ROWS rows), small
-    layers too: a candidate, not the engine's policy. Measured alone, MLX's tensor-core kernel
+    """worth_routing's products, and every product of a verify's width (8 to MAX_ROWS rows, a
+    tree's too), small layers too: a candidate, not the engine's policy. Measured alone, MLX's tensor-core kernel
     beats this one from 8 rows (thirty-eighth round); inside the 0.5B's compiled forward on an
     H100 (fortieth round) every product through this kernel made the forward of 8 rows 1.08x
     faster, this policy 1.05x, and at 16 and 17 rows this policy made it slower (0.88x, 0.72x);
@@ -227,89 +239,6 @@ _SOURCE_WIDE = _OPENING + """
     }
 """ + _CLOSING
 
-# A third candidate (benchmarks/rows_kernel.py --copies P:tiles): the block stages the rows'
-# activations in shared memory and its warps take columns of their own, each warp walking the whole
-# of K for its C columns (a lane takes every 32nd packed word, as in the word layout), the lanes'
-# sums reduced by shuffles alone. Why: in the layouts above a block computes 4 columns, so every 4
-# columns read the rows' activations again from L2: at 8 rows of a K of 1536 that is 24 KB a block,
-# 8 times the 4 columns' weights, which a product of the Qwen 1.5B's MLP (17,920 columns) then reads
-# 4,480 times; here a block of WARPS warps reads them once for C x WARPS columns (tiles_warps: up to
-# 32), and no block waits on a reduction across its warps. The stage holds STAGE activations, so a
-# long K (8,960) or many rows take several stages. Each output still sums in an order fixed by K
-# alone (lane l: words l, l + 32, ... in turn, then the shuffles), so a row's result does not depend on
-# the rows beside it. Not yet measured.
-_SOURCE_TILES = """
-    constexpr int PER_WORD = 32 / BITS;
-    constexpr unsigned MASK = (1u << BITS) - 1u;
-    constexpr int STAGE = 8192;  // activations (bfloat16) a stage holds: 16 KB of shared memory
-    constexpr int TILE = (STAGE / M) / (32 * PER_WORD) * 32;  // packed words of K a stage covers: whole warp strides
-    // A lane's words in flight at once: more loads waiting hide more latency, but each holds its
-    // columns' weights in registers beside the C x M sums (at 16 rows, 2 already spill).
-    constexpr int UNROLL = M <= 2 ? 4 : M <= 8 ? 2 : 1;
-    const int K = x_shape[1];
-    const int N = w_shape[0];
-    const int words = K / PER_WORD;
-    const int groups = K / GROUP;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int col0 = (blockIdx.x * WARPS + warp) * C;
-    __shared__ __align__(16) __nv_bfloat16 xs[M * TILE * PER_WORD];
-
-    float acc[C][M];
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        #pragma unroll
-        for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
-    }
-    for (int t0 = 0; t0 < words; t0 += TILE) {
-        const int tw = min(TILE, words - t0);
-        const int vecs = tw * PER_WORD / 8;  // 16-byte loads a row of the stage takes
-        for (int i = threadIdx.x; i < M * vecs; i += WARPS * 32) {
-            const int m = i / vecs;
-            const int v = i - m * vecs;
-            reinterpret_cast<uint4*>(xs + m * TILE * PER_WORD)[v] =
-                reinterpret_cast<const uint4*>(x + (size_t)m * K + (size_t)t0 * PER_WORD)[v];
-        }
-        __syncthreads();
-        #pragma unroll (UNROLL)
-        for (int wl = lane; wl < tw; wl += 32) {
-            const int word = t0 + wl;
-            const int g = (word * PER_WORD) / GROUP;
-            float wv[C][PER_WORD];
-            #pragma unroll
-            for (int c = 0; c < C; ++c) {
-                const int col = min(col0 + c, N - 1);  // past the last column: computed, never written
-                const unsigned q = w[(size_t)col * words + word];
-                const float s = __bfloat162float(scales[(size_t)col * groups + g]);
-                const float b = __bfloat162float(biases[(size_t)col * groups + g]);
-                #pragma unroll
-                for (int j = 0; j < PER_WORD; ++j) wv[c][j] = fmaf(s, (float)((q >> (BITS * j)) & MASK), b);
-            }
-            #pragma unroll
-            for (int m = 0; m < M; ++m) {
-                float xv[PER_WORD];
-                dspark_load_x<PER_WORD>(xs + m * TILE * PER_WORD + wl * PER_WORD, xv);
-                #pragma unroll
-                for (int c = 0; c < C; ++c) {
-                    #pragma unroll
-                    for (int j = 0; j < PER_WORD; ++j) acc[c][m] = fmaf(wv[c][j], xv[j], acc[c][m]);
-                }
-            }
-        }
-        __syncthreads();  // the stage is read by every warp before the next overwrites it
-    }
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            float v = acc[c][m];
-            #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == 0 && col0 + c < N) out[(size_t)m * N + col0 + c] = __float2bfloat16(v);
-        }
-    }
-"""
-
 _built: dict[str, object] = {}
 
 
@@ -354,50 +283,23 @@ def wide_k_split(k: int, bits: int) -> int:
     return max(1, min(8, -(-chunks // WARP)))
 
 
-TILES_BLOCKS = 264  # blocks the tiles layout aims at: two for each of an H100's 132 multiprocessors
-
-
-def tiles_warps(rows: int, n: int) -> int:
-    """Warps a block of the tiles layout takes (each with its own columns): as many as keep about
-    TILES_BLOCKS blocks over the N columns, 1 to 8. It sets only which columns a block computes,
-    never an output's summation order."""
-    return max(1, min(8, n // (columns_per_block(rows) * TILES_BLOCKS)))
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A kernel body and its launch: `warps(rows, n, k, bits)` warps a block; with split_k they
-    share the block's columns_per_block(rows) columns and split K (the name KSPLIT in the body),
-    else each computes columns of its own (WARPS); a lane loads words_a_load packed words at once
-    (a K they do not divide runs the word layout)."""
-
-    source: str
-    warps: Callable[[int, int, int, int], int]
-    words_a_load: int
-    split_k: bool = True
-
-
-LAYOUTS = {
-    "words": Layout(_SOURCE, lambda rows, n, k, bits: k_split(k, bits), 1),
-    "wide": Layout(_SOURCE_WIDE, lambda rows, n, k, bits: wide_k_split(k, bits), 4),
-    "tiles": Layout(_SOURCE_TILES, lambda rows, n, k, bits: tiles_warps(rows, n), 1, split_k=False),
-}
+# name -> (kernel body, warps a block for (K, bits), words a lane loads at once)
+LAYOUTS = {"words": (_SOURCE, k_split, 1), "wide": (_SOURCE_WIDE, wide_k_split, 4)}
 DEFAULT_LAYOUT = "words"
 
 
 def _kernel(layout: str):
     if layout not in _built:
         _built[layout] = mx.fast.cuda_kernel(name=f"dspark_quantized_rows_{layout}", input_names=["x", "w", "scales", "biases"],
-                                             output_names=["out"], source=LAYOUTS[layout].source, header=_HEADER)
+                                             output_names=["out"], source=LAYOUTS[layout][0], header=_HEADER)
     return _built[layout]
 
 
 def quantized_rows_matmul(layout: str = DEFAULT_LAYOUT) -> Callable[..., mx.array]:
     """matmul(x, weight, scales, biases, group_size=, bits=) -> x @ dequantize(weight).T, as
     mx.quantized_matmul(..., transpose=True) computes it, for what `supports` accepts. `layout`:
-    "words" (a lane loads one packed word at a time), "wide" (16 bytes at a time, _SOURCE_WIDE;
-    a K its loads do not divide runs the "words" layout, at every width alike) or "tiles" (the
-    activations staged in shared memory, each warp its own columns: _SOURCE_TILES). Raises
+    "words" (a lane loads one packed word at a time) or "wide" (16 bytes at a time, _SOURCE_WIDE;
+    a K its loads do not divide runs the "words" layout, at every width alike). Raises
     RuntimeError off CUDA; the kernel is compiled (NVRTC) at its first call for each shape."""
     if not cuda_available():
         raise RuntimeError("no CUDA backend on this device (the rows kernel is written for MLX's CUDA backend)")
@@ -407,15 +309,15 @@ def quantized_rows_matmul(layout: str = DEFAULT_LAYOUT) -> Callable[..., mx.arra
 
     def matmul(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, group_size: int, bits: int) -> mx.array:
         *lead, k = x.shape
-        use = layout if (k * bits // 32) % LAYOUTS[layout].words_a_load == 0 else "words"
-        shape = LAYOUTS[use]
+        _, split_of, words_a_load = LAYOUTS[layout]
+        use = layout if (k * bits // 32) % words_a_load == 0 else "words"
+        split_of = LAYOUTS[use][1]
         rows, n = math.prod(lead), weight.shape[0]
-        c, warps = columns_per_block(rows), shape.warps(rows, n, k, bits)
-        blocks = -(-n // c) if shape.split_k else -(-n // (c * warps))
+        c, split = columns_per_block(rows), split_of(k, bits)
+        blocks = -(-n // c)
         (out,) = _kernel(use)(inputs=[x.reshape(rows, k), weight, scales, biases],
-                              template=[("M", rows), ("C", c), ("BITS", bits), ("GROUP", group_size),
-                                        ("KSPLIT" if shape.split_k else "WARPS", warps)],
-                              grid=(blocks * WARP * warps, 1, 1), threadgroup=(WARP * warps, 1, 1),
+                              template=[("M", rows), ("C", c), ("BITS", bits), ("GROUP", group_size), ("KSPLIT", split)],
+                              grid=(blocks * WARP * split, 1, 1), threadgroup=(WARP * split, 1, 1),
                               output_shapes=[(rows, n)], output_dtypes=[x.dtype])
         return out.reshape(*lead, n)
 
