@@ -20,6 +20,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+import duckdb
 import pytest
 from sqlmodel import Session
 
@@ -31,6 +32,33 @@ from dspark_lab.schemas.records import CalibrationRecord, Run, Trial
 # key it had before they existed, so an old unfinished run still resumes. A new field goes here.
 NEWER_THAN_THE_GRID_KEY = ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "tree_nodes", "precisions",
                            "interleave_precisions", "baseline_step")
+
+
+def rows(db, sql: str) -> list[tuple]:
+    """The rows of `sql` over the database file `db`, read-only (the lab's engine may still hold it)."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.sql(sql).fetchall()
+    finally:
+        con.close()
+
+
+def as_older_schema(engine, version: int, dropped_columns: list[str]) -> None:
+    """Make a database look as schema `version` left it: the trials columns added since dropped,
+    the recorded version set back (DuckDB drops no column under an index, so the indexes are
+    dropped around it and made again)."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        indexes = conn.execute(text("SELECT index_name, sql FROM duckdb_indexes() WHERE table_name = 'trials'")).fetchall()
+        for name, _ in indexes:
+            conn.execute(text(f"DROP INDEX {name}"))
+        for column in dropped_columns:
+            conn.execute(text(f"ALTER TABLE trials DROP COLUMN {column}"))
+        for _, sql in indexes:
+            conn.execute(text(sql))
+        conn.execute(text("DELETE FROM schema_info"))
+        conn.execute(text(f"INSERT INTO schema_info (version, written_by) VALUES ({version}, 'old')"))
 
 
 def legacy_grid_key(cfg) -> str:

@@ -4,10 +4,8 @@ JSON written before it, which ingest fills the same way."""
 
 import json
 
-import duckdb
 import pytest
-from labdb import _run, trial
-from sqlalchemy import text
+from labdb import _run, as_older_schema, rows, trial
 from sqlmodel import Session
 
 from dspark_lab.db.store import open_db
@@ -19,14 +17,6 @@ from dspark_lab.schemas.records import SCHEMA_VERSION
 MODEL = "mlx-community/Qwen3-8B-4bit"
 CODE_3 = load_prompt_set("code", limit=3)  # a sweep with --prompt-limit 3
 CODE_002 = CODE_3.prompts[1]
-
-
-def stored(db, sql):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.sql(sql).fetchall()
-    finally:
-        con.close()
 
 
 def old_trials(run_id: str) -> list:
@@ -45,27 +35,19 @@ def write_version_3_database(path):
         s.add(_run("run-old", "Apple M3 Max 64GB (metal)", "dk-metal", "metal"))
         s.add_all(old_trials("run-old"))
         s.commit()
-    with engine.begin() as conn:  # DuckDB drops no column under an index
-        indexes = conn.execute(text("SELECT index_name, sql FROM duckdb_indexes() WHERE table_name = 'trials'")).fetchall()
-        for name, _ in indexes:
-            conn.execute(text(f"DROP INDEX {name}"))
-        conn.execute(text("ALTER TABLE trials DROP COLUMN prompt_digest"))
-        for _, sql in indexes:
-            conn.execute(text(sql))
-        conn.execute(text("DELETE FROM schema_info"))
-        conn.execute(text("INSERT INTO schema_info (version, written_by) VALUES (3, 'old')"))
+    as_older_schema(engine, 3, ["prompt_digest"])
     engine.dispose()
     return path
 
 
 def test_a_version_3_database_gains_the_prompt_digest_column(tmp_path):
     db = write_version_3_database(tmp_path / "v3.duckdb")
-    assert "prompt_digest" not in {c for (c,) in stored(db, "select column_name from information_schema.columns where table_name = 'trials'")}
+    assert "prompt_digest" not in {c for (c,) in rows(db, "select column_name from information_schema.columns where table_name = 'trials'")}
     open_db(db).dispose()
-    assert "prompt_digest" in {c for (c,) in stored(db, "select column_name from information_schema.columns where table_name = 'trials'")}
-    assert stored(db, "select max(version) from schema_info")[0][0] == SCHEMA_VERSION == 4
+    assert "prompt_digest" in {c for (c,) in rows(db, "select column_name from information_schema.columns where table_name = 'trials'")}
+    assert rows(db, "select max(version) from schema_info")[0][0] == SCHEMA_VERSION == 4
     # The migration itself guesses nothing: old trials stay NULL until the lab fills what it can.
-    assert stored(db, "select count(*) from trials where prompt_digest is null")[0][0] == 3
+    assert rows(db, "select count(*) from trials where prompt_digest is null")[0][0] == 3
 
 
 def test_the_backfill_fills_a_limited_built_in_set_and_leaves_other_sets_alone(tmp_path):
@@ -74,7 +56,7 @@ def test_the_backfill_fills_a_limited_built_in_set_and_leaves_other_sets_alone(t
     assert backfill_prompt_digests(engine) == 1
     assert backfill_prompt_digests(engine) == 0  # again: nothing left it can fill
     engine.dispose()
-    got = dict(stored(db, "select prompt_set || ':' || prompt_set_version, prompt_digest from trials"))
+    got = dict(rows(db, "select prompt_set || ':' || prompt_set_version, prompt_digest from trials"))
     # The same digest as the prompt has in the whole set, which a sweep today would store.
     assert got == {f"code:{CODE_3.version}": load_prompt_set("code").prompts[1].digest,
                    "mine:0123456789ab": None, "code:edited000000": None}
@@ -120,7 +102,7 @@ def test_an_old_result_file_is_ingested_with_the_digests_its_sets_fix(old_result
     engine = open_db(db)
     assert "ingested run run-old: 3 trials" in ingest(engine, [old_result_file])[0][1]
     engine.dispose()
-    assert sorted(stored(db, "select prompt_set, prompt_digest from trials"), key=str) == sorted(
+    assert sorted(rows(db, "select prompt_set, prompt_digest from trials"), key=str) == sorted(
         [("code", CODE_002.digest), ("mine", None), ("code", None)], key=str)
 
 
@@ -135,7 +117,7 @@ def test_ingest_fills_the_old_trials_already_in_the_database(old_result_file, tm
     other.write_text(json.dumps(doc))
     ingest(engine, [other])
     engine.dispose()
-    assert stored(db, "select run_id, count(*) from trials where prompt_digest is not null group by run_id order by run_id") == [
+    assert rows(db, "select run_id, count(*) from trials where prompt_digest is not null group by run_id order by run_id") == [
         ("run-old", 1), ("run-other", 1)]
 
 
@@ -153,7 +135,7 @@ def test_a_new_result_file_keeps_its_digests(tmp_path):
     other = open_db(tmp_path / "b.duckdb")
     ingest(other, [path])
     other.dispose()
-    assert stored(tmp_path / "b.duckdb", "select prompt_digest from trials") == [("d0d0d0d0d0d0",)]
+    assert rows(tmp_path / "b.duckdb", "select prompt_digest from trials") == [("d0d0d0d0d0d0",)]
 
 
 def test_building_a_registry_or_a_report_fills_an_old_database_first(tmp_path):
@@ -165,4 +147,4 @@ def test_building_a_registry_or_a_report_fills_an_old_database_first(tmp_path):
         db = write_version_3_database(tmp_path / f"{command[0]}.duckdb")
         result = CliRunner().invoke(app, [*command, "--db", str(db)])
         assert result.exit_code == 0, result.output
-        assert stored(db, "select count(*) from trials where prompt_digest is not null")[0][0] == 1
+        assert rows(db, "select count(*) from trials where prompt_digest is not null")[0][0] == 1

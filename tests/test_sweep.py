@@ -23,7 +23,7 @@ from dspark_lab.schemas.records import SCHEMA_VERSION
 from dspark_lab.lab.sweep import SweepConfig, load_grid, run_sweep
 from dspark_lab.tiny import build_tiny_dspark
 
-from labdb import legacy_grid_key, store_other_weights
+from labdb import as_older_schema, legacy_grid_key, rows, store_other_weights
 from scripts import BENCHMARKS
 
 runner = CliRunner()
@@ -39,14 +39,6 @@ def small_config(model, head, **kw):
                 prompt_sets=["code", "chat"], trials=2, max_new_tokens=10, prompt_limit=2)
     base.update(kw)
     return SweepConfig(**base)
-
-
-def rows(db, sql):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.sql(sql).fetchall()
-    finally:
-        con.close()
 
 
 def test_sweep_stores_every_trial(tiny_dirs, head, tmp_path):
@@ -215,22 +207,9 @@ def test_a_mismatch_is_flagged_and_kept(tiny_dirs, head, tmp_path, monkeypatch):
 
 def test_a_version_1_database_gains_the_tie_and_digest_columns(tmp_path):
     """Databases written before schemas 2, 3 and 4 are migrated in place; their old trials stay unknown (NULL)."""
-    from sqlalchemy import text
-
     db = tmp_path / "old.duckdb"
     engine = open_db(db)
-    with engine.begin() as conn:  # make it look like a version-1 database (DuckDB drops no column under an index)
-        indexes = conn.execute(text("SELECT index_name, sql FROM duckdb_indexes() WHERE table_name = 'trials'")).fetchall()
-        for name, _ in indexes:
-            conn.execute(text(f"DROP INDEX {name}"))
-        conn.execute(text("ALTER TABLE trials DROP COLUMN mismatch_gap"))
-        conn.execute(text("ALTER TABLE trials DROP COLUMN mismatch_tie"))
-        conn.execute(text("ALTER TABLE trials DROP COLUMN drafter_digest"))
-        conn.execute(text("ALTER TABLE trials DROP COLUMN prompt_digest"))
-        for _, sql in indexes:
-            conn.execute(text(sql))
-        conn.execute(text("DELETE FROM schema_info"))
-        conn.execute(text("INSERT INTO schema_info (version, written_by) VALUES (1, 'old')"))
+    as_older_schema(engine, 1, ["mismatch_gap", "mismatch_tie", "drafter_digest", "prompt_digest"])  # a version-1 database
     engine.dispose()
     open_db(db).dispose()
     cols = {c for (c,) in rows(db, "select column_name from information_schema.columns where table_name = 'trials'")}
