@@ -72,11 +72,12 @@ VERIFY_ROWS = range(8, MAX_ROWS + 1)  # a pipelined verify's widths (cap + 1 row
 
 def with_verifies(rows: int, weights: int) -> bool:
     """worth_routing's products, and every product of a verify's width (8 to MAX_ROWS rows, a
-    tree's too), small layers too: a candidate, not the engine's policy. Measured alone, MLX's tensor-core kernel
-    beats this one from 8 rows (thirty-eighth round); inside the 0.5B's compiled forward on an
-    H100 (fortieth round) every product through this kernel made the forward of 8 rows 1.08x
-    faster, this policy 1.05x, and at 16 and 17 rows this policy made it slower (0.88x, 0.72x);
-    its effect on decoding is not measured (benchmarks/rows_kernel.py --policies)."""
+    tree's of 17 and more too), small layers too: a candidate, not the engine's policy, which it
+    now matches up to 16 rows. Measured alone, MLX's tensor-core kernel beats this one from 8 rows
+    (thirty-eighth round); inside the 0.5B's compiled forward on an H100 (fortieth round, before
+    the projections were stacked) this policy made the forward of 8 rows 1.05x faster and of 16
+    and 17 rows slower (0.88x, 0.72x); on an H200 (forty-fifth round) 1.35-1.77x faster at 8-9
+    rows and 1.26-1.39x at 16, both Qwen models (benchmarks/rows_kernel.py --copies)."""
     return worth_routing(rows, weights) or rows in VERIFY_ROWS
 
 
