@@ -247,16 +247,21 @@ def test_the_probe_keeps_out_a_product_that_is_off_or_depends_on_the_width(quant
     assert v.exact and not v.use and "not timed" in v.reason
 
 
-def test_rows_verdicts_are_stored_per_pair_and_reused(quantized, tmp_path):
+def test_rows_verdicts_are_stored_per_pair_and_policy_and_reused(quantized, tmp_path, monkeypatch):
+    from dspark_lab.engine import rows_kernel
+
     target, _ = quantized
     db = open_db(tmp_path / "k.duckdb")
     try:
         first = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
         again = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
         other = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="another")
+        # A verdict timed under another routing policy is not reused: the policy's widths are in its key.
+        monkeypatch.setattr(rows_kernel, "CHAIN_VERIFY_ROWS", range(0))
+        under_the_old_policy = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
     finally:
         db.dispose()
-    assert not first.reused and again.reused and not other.reused
+    assert not first.reused and again.reused and not other.reused and not under_the_old_policy.reused
     assert again.to_dict() == first.to_dict()
 
 

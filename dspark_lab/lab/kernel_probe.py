@@ -390,8 +390,18 @@ def choose_rows_kernel(target, *, db=None, reprobe: bool = False, candidate: Cal
     """The stored verdict for the rows kernel on this machine and this pair (`model_id` names it),
     else a fresh probe (measure_rows_kernel), stored when `db` is given."""
     options = {"rows": list(ROWS_CHECKED), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
-               "stage": "loop" if loop is not None else "check"}
+               "stage": "loop" if loop is not None else "check", "routes": _routed_widths()}
     return _stored_or_measured("rows_kernel", options, model_id, db, reprobe, lambda: measure_rows_kernel(target, candidate, loop=loop))
+
+
+def _routed_widths() -> dict[str, list[int]]:
+    """The widths the engine's policy routes for a small layer and a large one: in the verdict's
+    key, so a loop timed under another policy (before the forty-fifth round a chain's verify kept
+    MLX's products) is timed again rather than reused."""
+    from ..engine.rows_kernel import MAX_ROWS, worth_routing
+
+    return {label: [r for r in range(1, MAX_ROWS + 1) if worth_routing(r, weights)]
+            for label, weights in (("small", 1_000_000), ("large", 200_000_000))}
 
 
 # --- the one-row attention kernel (engine/attention_kernel.py) ------------------------------------
