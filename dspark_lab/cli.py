@@ -745,31 +745,16 @@ def report(
     png: Annotated[Optional[Path], typer.Option("--png", help="Also save each chart as DIR/<chart>.png.")] = None,
 ):
     """Write an HTML report (charts, per-pair summary, lossless check) of a results database."""
+    from .lab.prompt_identity import open_with_digests
     from .reports.report import build_report
 
     if not db.exists():
         raise DsparkError(f"no database at {str(db)!r}; run a sweep first or pass --db.")
-    engine = _open_to_summarize(db)
+    engine = open_with_digests(db)
     try:
         out.print(f"wrote {build_report(engine, out_html, run_ids=run or None, pair=pair, png_dir=png)}")
     finally:
         engine.dispose()
-
-
-def _open_to_summarize(db: Path):
-    """open_db, with the prompt digests of trials stored before schema 4 filled in where a built-in
-    set fixes them (lab/prompt_identity.py): a database measured before digests then counts a
-    prompt run at two --prompt-limit values once, as one measured after does."""
-    from .db import open_db
-    from .lab.prompt_identity import backfill_prompt_digests
-
-    engine = open_db(db)
-    try:
-        backfill_prompt_digests(engine)
-    except BaseException:
-        engine.dispose()
-        raise
-    return engine
 
 
 registry_app = typer.Typer(help="The registry of measured pairs: build it from stored trials, show it.", no_args_is_help=True)
@@ -786,12 +771,13 @@ def registry_build(
     name: Annotated[Optional[list[str]], typer.Option(help="OLD=NEW: record a model or drafter stored as OLD under the name NEW, e.g. the measuring machine's path of a head as fixtures/NAME, where users of the registry have it (repeatable).")] = None,
 ):
     """Per target and machine class, the best measured arm; arms with too few or non-lossless trials are refused."""
+    from .lab.prompt_identity import open_with_digests
     from .reports.registry import build_registry, parse_names, registry_table, write_registry
 
     names = parse_names(name or [])
     if not db.exists():
         raise DsparkError(f"no database at {str(db)!r}; run a sweep first or pass --db.")
-    engine = _open_to_summarize(db)
+    engine = open_with_digests(db)
     try:
         reg = build_registry(engine, min_trials, run_ids=run or None, names=names)
     finally:

@@ -33,6 +33,7 @@ from typing import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from .compiled import MAX_WIDTH
 from .kernels import cuda_available
 
 MAX_ROWS = 32  # the most rows the kernel takes (a tree's verify); more is a prefill
@@ -57,7 +58,7 @@ MAX_ROWS = 32  # the most rows the kernel takes (a tree's verify); more is a pre
 # chain at cap 7 both ways.) A tree's verify of 17 rows and more keeps MLX's kernels.
 QMV_ROWS = range(2, 8)  # the widths MLX serves with its per-row matrix-vector kernel
 MIN_WEIGHT_ROWS = 12_000_000  # weights x rows below which MLX's re-reads cost less than this kernel's launch
-CHAIN_VERIFY_ROWS = range(8, 17)  # a chain's verify at caps 7-15, compiled forwards (compiled.MAX_WIDTH); a prompt of 8-16 tokens too
+CHAIN_VERIFY_ROWS = range(QMV_ROWS.stop, MAX_WIDTH + 1)  # a chain's verify at caps 7-15, compiled forwards; a prompt of 8-16 tokens too
 
 
 def worth_routing(rows: int, weights: int) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import Engine, select, update
 
+from ..db import open_db
 from ..schemas.records import Trial
 
 # (set name, set version) -> {prompt id: digest} of the prompts that set version kept.
@@ -73,3 +74,16 @@ def backfill_prompt_digests(engine: Engine) -> int:
             same_prompt = (table.c.prompt_set == prompt_set) & (table.c.prompt_set_version == version) & (table.c.prompt_id == prompt_id)
             filled += conn.execute(update(table).where(missing & same_prompt).values(prompt_digest=digest)).rowcount
     return filled
+
+
+def open_with_digests(path) -> Engine:
+    """open_db, with the digests of trials stored before schema 4 filled in where a built-in set
+    fixes them (backfill_prompt_digests): what a sweep, a report or a registry build reads then
+    counts a prompt run at two --prompt-limit values once, as trials measured since do."""
+    engine = open_db(path)
+    try:
+        backfill_prompt_digests(engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine

@@ -328,15 +328,14 @@ def run_sweep(
     on_event: Callable[[str], None] | None = None,
 ) -> str:
     """Run (or resume) a sweep into `db_path`; returns the run id."""
-    from ..db import open_db
     from .device import collect_device_stamp, device_key, machine_class
-    from .prompt_identity import backfill_prompt_digests
+    from .prompt_identity import open_with_digests
     from .prompts import load_prompt_sets
 
     say = on_event or (lambda _m: None)
     sets = load_prompt_sets(cfg.prompt_sets, limit=cfg.prompt_limit)
     _check_paths(cfg)
-    engine = open_db(db_path)
+    engine = open_with_digests(db_path)  # older runs in this file pool with this one by prompt digest
     pipe_options = {k: True for k in ("pipe_lookup", "compile_draft") if getattr(cfg, k)}
     if set(TREE_MODES) & set(cfg.modes):
         pipe_options["tree_nodes"] = cfg.tree_nodes
@@ -345,8 +344,6 @@ def run_sweep(
     from ..engine.loading import weights_digest
 
     try:  # a refusal here (no such run, a changed head) leaves the file closed for the caller
-        # Older runs in this file pool with this one by prompt digest where their sets allow it.
-        backfill_prompt_digests(engine)
         run_id = resume if isinstance(resume, str) else (find_resumable(engine, cfg) if resume else None)
         # Which version of each drafter's weights this run measures: stored on every trial, and a
         # resumed run refuses drafters that hold other weights than it measured.
