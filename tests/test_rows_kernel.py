@@ -335,6 +335,12 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     assert set(report["layers"]) == {"random N=64 K=128 4b g64", "random N=96 K=256 4b g64"}
     assert all(e[str(r)][f"{layout}_error"] == 0.0 and e[str(r)]["weight_bytes"] > 0
                for e in report["layers"].values() for r in (1, 3) for layout in ("words", "wide"))
+    # A shape it cannot read, or neither (or both) of --model and --shapes: an error saying how to write it.
+    for argv, says in ((["--shapes", "64by128"], "write each shape as NxK"), ([], "give --model DIR"),
+                       (["--shapes", "64x128", "--model", str(model)], "give --model DIR")):
+        monkeypatch.setattr(sys, "argv", ["rows_kernel.py", *argv, "--reference"])
+        with pytest.raises(SystemExit, match=says):
+            load_script("rows_kernel").main()
     # One routed copy per policy and layout, each its own arms and forward column, MLX's beside them.
     out = tmp_path / "policies.json"
     monkeypatch.setattr(sys, "argv", ["rows_kernel.py", "--model", str(model), "--head", str(head), "--reference",
