@@ -12,12 +12,12 @@ matmul, side by side in one process (CUDA only).
    time (the property that makes a verify's rows match the one-row decode step's).
 2. Each layer shape's product timed: 40 independent calls in one evaluation, the median over
    --repeats such batches, per call (launch included), MLX's beside each kernel layout's (words,
-   wide: rows_kernel.LAYOUTS): built from Python call by call ("python": what an uncompiled
+   wide, mma: rows_kernel.LAYOUTS): built from Python call by call ("python": what an uncompiled
    forward pays, the kernel's source assembled on every call), and as one compiled function of 40
    products of 40 inputs ("compiled": what a compiled forward replays).
 3. The whole forward (the compiled forward_at the pipelined loops run) at each width after a
    prefill: the model loaded once more per routed copy (--copies: POLICY[:LAYOUT], the policy one of
-   worth_routing (the engine's), with_verifies, multi_row, every_width; the layout words (default) or wide;
+   worth_routing (the engine's), with_verifies, multi_row, every_width; the layout words (default), wide or mma;
    --policies P,Q is --copies with the words layout; --every-width alone: every_width), timed
    interleaved (widths above compiled.MAX_WIDTH run op by op, as the loops run them).
 4. With --head: decoding, each copy with its own instance of the head, arm after arm on each
@@ -182,7 +182,7 @@ def main() -> None:
     ap.add_argument("--policies", default="worth_routing",
                     help="routed copies, one per policy, the words layout: worth_routing (the engine's), with_verifies, multi_row, every_width")
     ap.add_argument("--copies", default=None,
-                    help="routed copies as POLICY[:LAYOUT] (layout words or wide), e.g. worth_routing,multi_row:wide")
+                    help="routed copies as POLICY[:LAYOUT] (layout words, wide or mma), e.g. worth_routing,with_verifies:mma")
     ap.add_argument("--every-width", action="store_true",
                     help="the routed copy sends every product the kernel takes through it (default: the engine's policy, worth_routing)")
     ap.add_argument("--reference", action="store_true",

@@ -13,9 +13,10 @@ from conftest import PROMPTS
 from dspark_lab import greedy_generate, load_target, speculative_generate
 from dspark_lab.engine.drafters.load import load_dspark
 from dspark_lab.engine.kernels import cuda_available
-from dspark_lab.engine.rows_kernel import (MAX_ROWS, columns_per_block, dequantize_float32, every_width, k_split, wide_k_split,
-                                           quantized_rows_matmul, reference_rows_matmul, route_quantized_rows, supports,
-                                           unroute_quantized_rows, worth_routing)
+from dspark_lab.engine.rows_kernel import (LAYOUT_VARIABLE, LAYOUTS, MAX_ROWS, columns_per_block, default_layout,
+                                           dequantize_float32, every_width, k_split, quantized_rows_matmul,
+                                           reference_rows_matmul, route_quantized_rows, supports, unroute_quantized_rows,
+                                           wide_k_split, worth_routing)
 from dspark_lab.db import open_db
 from dspark_lab.lab import kernel_probe
 from dspark_lab.lab.kernel_probe import choose_rows_kernel, measure_rows_kernel
@@ -62,6 +63,27 @@ def test_launch_shape_depends_on_k_alone_where_it_changes_the_sums():
     # The wide layout: a lane loads 16 bytes (4 packed words), so the warps follow K's chunks, still K alone.
     assert [wide_k_split(896, 4), wide_k_split(1536, 4), wide_k_split(4864, 4), wide_k_split(8960, 4),
             wide_k_split(896, 8)] == [1, 2, 5, 8, 2]
+    # The mma layout: 16 columns a block at every width, warps over K's 64-weight slices (K alone);
+    # it takes 4-bit weights in groups of a multiple of 64, and leaves the rest to the words layout.
+    mma = LAYOUTS["mma"]
+    assert [mma.k_split(k, 4) for k in (64, 896, 1536, 4864, 8960)] == [1, 7, 8, 8, 8]
+    assert {mma.columns(r) for r in range(1, MAX_ROWS + 1)} == {16}
+    assert [mma.takes(1536, 4, 64), mma.takes(1536, 4, 128), mma.takes(1536, 4, 32), mma.takes(1536, 8, 64)] == [
+        True, True, False, False]
+
+
+def test_the_layout_can_be_named_in_the_environment_and_a_wrong_name_is_refused(monkeypatch):
+    """DSPARK_ROWS_LAYOUT picks the layout the engine builds (a sweep measuring another layout); a
+    name that is none says which there are, before anything needs CUDA."""
+    monkeypatch.delenv(LAYOUT_VARIABLE, raising=False)
+    assert default_layout() == "words"
+    monkeypatch.setenv(LAYOUT_VARIABLE, "mma")
+    assert default_layout() == "mma"
+    monkeypatch.setenv(LAYOUT_VARIABLE, "tiles")
+    with pytest.raises(ValueError, match=r"'tiles' \(from the environment variable DSPARK_ROWS_LAYOUT\): choose one of words, wide, mma"):
+        quantized_rows_matmul()
+    with pytest.raises(ValueError, match=r"layout 'tiles': choose one of"):
+        quantized_rows_matmul("tiles")
 
 
 def test_the_stand_in_is_the_float32_product_rounded_once():

@@ -28,6 +28,8 @@ through it only when asked (Target.route_quantized_rows).
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
 from typing import Callable
 
 import mlx.core as mx
@@ -117,6 +119,23 @@ template <>
 __device__ __forceinline__ void dspark_load_x<4>(const __nv_bfloat16* p, float* v) {
     const uint2 u = *reinterpret_cast<const uint2*>(p);
     dspark_widen2(u.x, v); dspark_widen2(u.y, v + 2);
+}
+// The mma layout's helpers. Two 4-bit weights of a packed word, nibbles i and i + 4 of v >> 4i, as
+// the bfloat16 pair (q_i, q_i+4): OR-ing 0x4300 into a nibble makes the bfloat16 128 + q (the
+// spacing there is 1), and subtracting 128 leaves q; both exact.
+__device__ __forceinline__ unsigned dspark_nibble_pair(unsigned v) {
+    unsigned r = (v & 0x000F000Fu) | 0x43004300u;
+    __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&r);
+    unsigned o = 0x43004300u;
+    h = __hsub2(h, *reinterpret_cast<__nv_bfloat162*>(&o));
+    return *reinterpret_cast<unsigned*>(&h);
+}
+// d += A (16 x 16 bfloat16) * B (16 x 8 bfloat16), float32 sums: one warp-wide tensor-core step.
+__device__ __forceinline__ void dspark_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                           unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 """
 
@@ -241,6 +260,124 @@ _SOURCE_WIDE = _OPENING + """
     }
 """ + _CLOSING
 
+# The tensor-core layout (4-bit weights, groups of a multiple of 64): the rows go through mma.sync
+# (m16n8k16, bfloat16 in, float32 sums) as its 8-wide side, 16 columns a warp as its 16-wide side.
+# Why: the layouts above multiply in float32 on the CUDA cores, a multiply-add per weight and row,
+# so their cost grows with the rows (the Qwen 1.5B's vocabulary projection 113 us at one row, 242
+# at 8 on an H200, forty-fifth round) where the weights' bytes do not. Here the tensor cores take
+# the rows, and a weight costs the same few integer operations at any width up to 32.
+# What goes in is exact: the weights as their integers q (0-15, exact in bfloat16), the activations
+# as they are; each 64 weights of a column (one quantization group, or part of one) give float32
+# sums q . x and, through the same step with all-ones weights, sum x, and the output is
+# sum over groups of scale * (q . x) + bias * (sum x): the grouped form of scale * q + bias, without
+# rounding a dequantized weight to bfloat16.
+# Who does what: lane = 4 * g + t. Each 64 weights of a column are 8 packed words; lane t takes
+# words 2t and 2t + 1 of columns g and g + 8 (one 8-byte load each; the 4 lanes of g read 32
+# contiguous bytes). The sum over K does not care in which order the 16 k of one mma step are
+# listed, so each step lists them as the lanes hold them: word j's pair of nibbles (i, i + 4) sits
+# where the mma wants a lane's pair of k, and the activations are permuted the same way (byte_perm).
+# Rows g, g + 8, g + 16, g + 24 are this lane's activations (tiles of 8 rows, zeros past M); its sums
+# are columns g, g + 8 at rows 2t, 2t + 1 of each tile. Warps split the 64-k slices of K (a split
+# that depends on K alone) and are reduced in a fixed order, so a row's result does not depend on
+# the rows beside it.
+_SOURCE_MMA = """
+    constexpr int NT = (M + 7) / 8;  // tiles of 8 rows
+    const int K = x_shape[1];
+    const int N = w_shape[0];
+    const int words = K / 8;
+    const int groups = K / GROUP;
+    const int slices = K / 64;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int col0 = blockIdx.x * C;
+    const int colA = min(col0 + g, N - 1);  // past the last column: computed, never written
+    const int colB = min(col0 + g + 8, N - 1);
+    const unsigned* wA = w + (size_t)colA * words + 2 * t;
+    const unsigned* wB = w + (size_t)colB * words + 2 * t;
+    constexpr unsigned ONES = 0x3F803F80u;  // the bfloat16 pair (1, 1)
+    __shared__ float part[KSPLIT][NT * 8 * 16];
+
+    float total[NT][4];
+    #pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) total[n][i] = 0.0f;
+    }
+    #pragma unroll 2
+    for (int slice = warp; slice < slices; slice += KSPLIT) {
+        const int k0 = slice * 64;
+        const uint2 qa = *reinterpret_cast<const uint2*>(wA + slice * 8);
+        const uint2 qb = *reinterpret_cast<const uint2*>(wB + slice * 8);
+        unsigned xr[NT][2][4];  // per row tile and word: the activations' pairs (x_i, x_i+4)
+        #pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int row = g + 8 * n;
+            #pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                uint4 u = make_uint4(0u, 0u, 0u, 0u);
+                if (row < M) u = *reinterpret_cast<const uint4*>(x + (size_t)row * K + k0 + 16 * t + 8 * j);
+                xr[n][j][0] = __byte_perm(u.x, u.z, 0x5410);
+                xr[n][j][1] = __byte_perm(u.x, u.z, 0x7632);
+                xr[n][j][2] = __byte_perm(u.y, u.w, 0x5410);
+                xr[n][j][3] = __byte_perm(u.y, u.w, 0x7632);
+            }
+        }
+        float qx[NT][4], sx[NT][4];
+        #pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) { qx[n][i] = 0.0f; sx[n][i] = 0.0f; }
+        }
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const unsigned wa = j ? qa.y : qa.x;
+            const unsigned wb = j ? qb.y : qb.x;
+            unsigned ra[4], rb[4];
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) { ra[i] = dspark_nibble_pair(wa >> (4 * i)); rb[i] = dspark_nibble_pair(wb >> (4 * i)); }
+            #pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                #pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    dspark_mma(qx[n], ra[2 * s], rb[2 * s], ra[2 * s + 1], rb[2 * s + 1], xr[n][j][2 * s], xr[n][j][2 * s + 1]);
+                    dspark_mma(sx[n], ONES, ONES, ONES, ONES, xr[n][j][2 * s], xr[n][j][2 * s + 1]);
+                }
+            }
+        }
+        const int grp = k0 / GROUP;
+        const float sa = __bfloat162float(scales[(size_t)colA * groups + grp]);
+        const float ba = __bfloat162float(biases[(size_t)colA * groups + grp]);
+        const float sb = __bfloat162float(scales[(size_t)colB * groups + grp]);
+        const float bb = __bfloat162float(biases[(size_t)colB * groups + grp]);
+        #pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            total[n][0] += fmaf(sa, qx[n][0], ba * sx[n][0]);
+            total[n][1] += fmaf(sa, qx[n][1], ba * sx[n][1]);
+            total[n][2] += fmaf(sb, qx[n][2], bb * sx[n][2]);
+            total[n][3] += fmaf(sb, qx[n][3], bb * sx[n][3]);
+        }
+    }
+    #pragma unroll
+    for (int n = 0; n < NT; ++n) {  // [row][column] of this block's outputs
+        const int r = 8 * n + 2 * t;
+        part[warp][r * 16 + g] = total[n][0];
+        part[warp][(r + 1) * 16 + g] = total[n][1];
+        part[warp][r * 16 + g + 8] = total[n][2];
+        part[warp][(r + 1) * 16 + g + 8] = total[n][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < M * 16; i += blockDim.x) {
+        const int m = i / 16;
+        const int c = i % 16;
+        float sum = part[0][i];
+        #pragma unroll
+        for (int k = 1; k < KSPLIT; ++k) sum += part[k][i];
+        if (col0 + c < N) out[(size_t)m * N + col0 + c] = __float2bfloat16(sum);
+    }
+"""
+
 _built: dict[str, object] = {}
 
 
@@ -285,37 +422,72 @@ def wide_k_split(k: int, bits: int) -> int:
     return max(1, min(8, -(-chunks // WARP)))
 
 
-# name -> (kernel body, warps a block for (K, bits), words a lane loads at once)
-LAYOUTS = {"words": (_SOURCE, k_split, 1), "wide": (_SOURCE_WIDE, wide_k_split, 4)}
+MMA_COLUMNS = 16  # columns a warp of the mma layout computes: the tensor-core step's 16-wide side
+MMA_SLICE = 64  # weights of a column a warp's step takes: 8 packed words, within one quantization group
+
+
+def mma_k_split(k: int, bits: int) -> int:
+    """Warps a block of the mma layout splits K's 64-weight slices among: at least two slices a
+    warp, at most 8 warps. K alone decides it."""
+    return max(1, min(8, k // MMA_SLICE // 2))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A kernel body and how it is launched: `k_split(K, bits)` warps a block, splitting K;
+    `columns(rows)` output columns a block; `takes(K, bits, group)` whether it computes that product
+    (where it does not, the words layout does, at every width alike)."""
+    source: str
+    k_split: Callable[[int, int], int]
+    columns: Callable[[int], int]
+    takes: Callable[[int, int, int], bool]
+
+
+LAYOUTS = {
+    "words": Layout(_SOURCE, k_split, columns_per_block, lambda k, bits, group: True),
+    "wide": Layout(_SOURCE_WIDE, wide_k_split, columns_per_block, lambda k, bits, group: (k * bits // 32) % 4 == 0),
+    "mma": Layout(_SOURCE_MMA, mma_k_split, lambda rows: MMA_COLUMNS,
+                  lambda k, bits, group: bits == 4 and group % MMA_SLICE == 0),
+}
 DEFAULT_LAYOUT = "words"
+LAYOUT_VARIABLE = "DSPARK_ROWS_LAYOUT"  # names another layout for quantized_rows_matmul() (measuring it through the lab)
+
+
+def default_layout() -> str:
+    """The layout quantized_rows_matmul builds when none is named: DEFAULT_LAYOUT, unless the
+    environment variable DSPARK_ROWS_LAYOUT names another (so a sweep or the probe can run one
+    whose speed is being measured). A name that is no layout is refused when the kernel is built."""
+    return os.environ.get(LAYOUT_VARIABLE) or DEFAULT_LAYOUT
 
 
 def _kernel(layout: str):
     if layout not in _built:
         _built[layout] = mx.fast.cuda_kernel(name=f"dspark_quantized_rows_{layout}", input_names=["x", "w", "scales", "biases"],
-                                             output_names=["out"], source=LAYOUTS[layout][0], header=_HEADER)
+                                             output_names=["out"], source=LAYOUTS[layout].source, header=_HEADER)
     return _built[layout]
 
 
-def quantized_rows_matmul(layout: str = DEFAULT_LAYOUT) -> Callable[..., mx.array]:
+def quantized_rows_matmul(layout: str | None = None) -> Callable[..., mx.array]:
     """matmul(x, weight, scales, biases, group_size=, bits=) -> x @ dequantize(weight).T, as
     mx.quantized_matmul(..., transpose=True) computes it, for what `supports` accepts. `layout`:
-    "words" (a lane loads one packed word at a time) or "wide" (16 bytes at a time, _SOURCE_WIDE;
-    a K its loads do not divide runs the "words" layout, at every width alike). Raises
-    RuntimeError off CUDA; the kernel is compiled (NVRTC) at its first call for each shape."""
+    "words" (a lane loads one packed word at a time), "wide" (16 bytes at a time, _SOURCE_WIDE) or
+    "mma" (the rows through the tensor cores, _SOURCE_MMA); a product a layout does not take (see
+    Layout.takes) runs the "words" layout, at every width alike; none named: default_layout().
+    Raises RuntimeError off CUDA; the kernel is compiled (NVRTC) at its first call for each shape."""
+    named = layout
+    layout = layout or default_layout()
+    if layout not in LAYOUTS:
+        where = "" if named else f" (from the environment variable {LAYOUT_VARIABLE})"
+        raise ValueError(f"rows kernel layout {layout!r}{where}: choose one of {', '.join(LAYOUTS)}")
     if not cuda_available():
         raise RuntimeError("no CUDA backend on this device (the rows kernel is written for MLX's CUDA backend)")
-    if layout not in LAYOUTS:
-        raise ValueError(f"rows kernel layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
     _kernel(layout)
 
     def matmul(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, group_size: int, bits: int) -> mx.array:
         *lead, k = x.shape
-        _, split_of, words_a_load = LAYOUTS[layout]
-        use = layout if (k * bits // 32) % words_a_load == 0 else "words"
-        split_of = LAYOUTS[use][1]
+        use = layout if LAYOUTS[layout].takes(k, bits, group_size) else "words"
         rows, n = math.prod(lead), weight.shape[0]
-        c, split = columns_per_block(rows), split_of(k, bits)
+        c, split = LAYOUTS[use].columns(rows), LAYOUTS[use].k_split(k, bits)
         blocks = -(-n // c)
         (out,) = _kernel(use)(inputs=[x.reshape(rows, k), weight, scales, biases],
                               template=[("M", rows), ("C", c), ("BITS", bits), ("GROUP", group_size), ("KSPLIT", split)],

@@ -389,8 +389,12 @@ def choose_rows_kernel(target, *, db=None, reprobe: bool = False, candidate: Cal
                        model_id: str = "") -> KernelVerdict:
     """The stored verdict for the rows kernel on this machine and this pair (`model_id` names it),
     else a fresh probe (measure_rows_kernel), stored when `db` is given."""
+    from ..engine.rows_kernel import default_layout
+
     options = {"rows": list(ROWS_CHECKED), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
                "stage": "loop" if loop is not None else "check", "routes": _routed_widths()}
+    if candidate is None and default_layout() != "words":  # a verdict on the words layout (all before) keeps its key
+        options["layout"] = default_layout()
     return _stored_or_measured("rows_kernel", options, model_id, db, reprobe, lambda: measure_rows_kernel(target, candidate, loop=loop))
 
 
