@@ -19,6 +19,10 @@ the activation dtype once. Every output element goes through the same operations
 order whatever the number of rows or columns a block takes, so a row's result does not depend on
 how many rows came with it: a verify's rows equal, bit for bit, what a one-row step through the
 kernel computes. (MLX's own kernels differ there: bfloat16 sums below 8 rows, float32 from 8.)
+That is the default "words" layout (LAYOUTS); "wide" loads 16 bytes a lane, and "mma" puts the rows
+through the tensor cores (_SOURCE_MMA), so its cost should not grow with them as the float32
+multiply-adds' does: written and compiled for sm_90, not yet measured on a device (forty-sixth
+round, docs/performance.md); DSPARK_ROWS_LAYOUT=mma makes the engine build it, to measure it.
 
 Whether it is exact enough and faster on a machine is measured (benchmarks/rows_kernel.py;
 per machine and pair by lab/kernel_probe.choose_rows_kernel), not assumed; the engine routes
