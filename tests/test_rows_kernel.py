@@ -478,3 +478,57 @@ nvjet_sm90_tst_64x8_64x16_1x1_h_bz_ptrBatch_NNT
     graphs.main()
     widths = json.loads(out.read_text())["widths"]
     assert set(widths) == {"1", "3"} and all(arm["ms"] > 0 for w in widths.values() for arm in w.values())
+
+
+def test_the_mma_session_script_sweeps_with_the_layout_its_bench_found_faster(tmp_path):
+    """benchmarks/h200_mma.sh with python3 stubbed (pick_layout.py runs for real): the bench step
+    times the words copy beside the mma copies, then sweeps with DSPARK_ROWS_LAYOUT set to the
+    layout whose chain at cap 7 decoded faster; without a report the sweep keeps the default;
+    an unknown model or step stops with the choices."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from scripts import BENCHMARKS
+
+    bin_dir, keep, out = tmp_path / "bin", tmp_path / "keep", tmp_path / "out"
+    for d in (bin_dir, keep, out):
+        d.mkdir()
+    real = sys.executable
+    # The stub writes the report the bench would (mma's chain faster) and records every call with its layout.
+    report = json.dumps({"decode": [{"arm": "pipe7-worthrouting", "over_mlx_greedy": 1.8},
+                                    {"arm": "pipe7-withverifiesmma", "over_mlx_greedy": 2.1}]})
+    (bin_dir / "python3").write_text(
+        '#!/usr/bin/env bash\n'
+        f'if [ "$1" = benchmarks/pick_layout.py ]; then exec {real} "$@"; fi\n'
+        'echo "${DSPARK_ROWS_LAYOUT:-none} $*" >> "$CALLS"\n'
+        'for a in "$@"; do case $prev in --json) echo \'' + report + '\' > "$a";; esac; prev=$a; done\n')
+    (bin_dir / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls.txt"),
+           "OUT": str(out), "KEEP": str(keep), "HEADS": str(tmp_path / "heads")}
+
+    def script(*args):
+        return subprocess.run(["bash", str(BENCHMARKS / "h200_mma.sh"), *args], env=env, capture_output=True, text=True,
+                              cwd=BENCHMARKS.parent)
+
+    assert script("sweep", "qwen05").returncode == 0  # no bench report yet: the default layout
+    run = script("bench", "qwen15")
+    assert run.returncode == 0, run.stderr
+    assert script("sweep", "qwen15", "--resume").returncode == 0
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert calls[0].startswith("words -m dspark_lab sweep -m /root/ship/qwen05/") and "--precisions as-loaded,rows-kernel" in calls[0]
+    assert calls[1].startswith("none benchmarks/rows_kernel.py --model /root/ship/qwen15/")
+    assert "--copies worth_routing,with_verifies:mma,multi_row:mma,every_width:mma" in calls[1]
+    assert calls[2].startswith("mma -m dspark_lab sweep") and calls[3].startswith("mma -m dspark_lab sweep")
+    assert calls[3].endswith("--resume") and (keep / "qwen15.json").is_file()
+    assert "chain at cap 7: words 1.80x, mma 2.10x" in run.stderr
+    bad = script("bench", "llama")
+    assert bad.returncode == 2 and "unknown model llama (qwen15, qwen05)" in bad.stderr
+    assert script("tune").returncode == 2 and "unknown step tune" in script("tune").stdout
+    # The choice itself: the words layout where its chain was as fast or faster, or an arm is missing.
+    from scripts import load_script
+
+    faster_layout = load_script("pick_layout").faster_layout
+    tie = {"decode": [{"arm": "pipe7-worthrouting", "over_mlx_greedy": 2.0}, {"arm": "pipe7-withverifiesmma", "over_mlx_greedy": 2.0}]}
+    assert faster_layout(tie)[0] == "words" and faster_layout(tie, cap=3) == ("words", "no arm pipe3-worthrouting in the report: the default layout")
