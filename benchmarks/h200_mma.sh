@@ -8,7 +8,7 @@
 #       layout (the engine's policy) beside the mma layout under three policies -> OUT/NAME.{json,log},
 #       kept in KEEP (default /root) for the sweep's choice; then the sweep for what is left of 580 s
 #   OUT=$OUT bash benchmarks/h200_mma.sh sweep qwen15 [--resume]   the lab's sweep (as loaded and routed,
-#       caps 3,7,auto, 8 prompts a set, 2 trials) with DSPARK_ROWS_LAYOUT set to the layout whose chain
+#       caps 3,7,auto, 8 prompts a set, 2 trials) with DSPARK_LAB_ROWS_LAYOUT set to the layout whose chain
 #       at cap 7 decoded faster in KEEP/NAME.json (pick_layout.py; words without one), stopped at 580 s
 #       into the call (a sweep keeps every finished trial: --resume in the next call goes on)
 #       -> OUT/sweep_NAME.{json,log,duckdb}
@@ -30,8 +30,8 @@ model_of() {
 sweep() {
   local model=$1 left=$((580 - SECONDS)); shift
   local layout; layout=$(python3 benchmarks/pick_layout.py "$keep/$name.json")
-  echo "sweep: DSPARK_ROWS_LAYOUT=$layout, ${left}s" | tee -a "$keep/sweep_$name.log"
-  DSPARK_ROWS_LAYOUT=$layout timeout "$left" python3 -m dspark_lab sweep -m "$model" -d "$heads/$name" --drafter-bits 16 \
+  echo "sweep: DSPARK_LAB_ROWS_LAYOUT=$layout, ${left}s" | tee -a "$keep/sweep_$name.log"
+  DSPARK_LAB_ROWS_LAYOUT=$layout timeout "$left" python3 -m dspark_lab sweep -m "$model" -d "$heads/$name" --drafter-bits 16 \
     --modes dspark-pipe --compile-draft --caps 3,7,auto --precisions as-loaded,rows-kernel --prompt-limit 8 \
     --trials 2 -n 128 --db "$keep/sweep_$name.duckdb" --json "$out/sweep_$name.json" "$@" 2>&1 | tee -a "$keep/sweep_$name.log"
   cp "$keep/sweep_$name.log" "$out/"; cp "$keep/sweep_$name.duckdb" "$out/" 2>/dev/null; true

@@ -1,4 +1,4 @@
-"""Which rows-kernel layout a device session's sweep should build (DSPARK_ROWS_LAYOUT), from
+"""Which rows-kernel layout a device session's sweep should build (DSPARK_LAB_ROWS_LAYOUT), from
 benchmarks/rows_kernel.py's report (--json) of a model's decoding with a words-layout copy beside
 an mma-layout copy: the layout whose routed chain decoded faster at --cap (the median over the
 prompts of each arm's rate over MLX's greedy). Prints the layout's name; given no report, or a

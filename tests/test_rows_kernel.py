@@ -73,14 +73,14 @@ def test_launch_shape_depends_on_k_alone_where_it_changes_the_sums():
 
 
 def test_the_layout_can_be_named_in_the_environment_and_a_wrong_name_is_refused(monkeypatch):
-    """DSPARK_ROWS_LAYOUT picks the layout the engine builds (a sweep measuring another layout); a
+    """DSPARK_LAB_ROWS_LAYOUT picks the layout the engine builds (a sweep measuring another layout); a
     name that is none says which there are, before anything needs CUDA."""
     monkeypatch.delenv(LAYOUT_VARIABLE, raising=False)
     assert default_layout() == "words"
     monkeypatch.setenv(LAYOUT_VARIABLE, "mma")
     assert default_layout() == "mma"
     monkeypatch.setenv(LAYOUT_VARIABLE, "tiles")
-    with pytest.raises(ValueError, match=r"'tiles' \(from the environment variable DSPARK_ROWS_LAYOUT\): choose one of words, wide, mma"):
+    with pytest.raises(ValueError, match=r"'tiles' \(from the environment variable DSPARK_LAB_ROWS_LAYOUT\): choose one of words, wide, mma"):
         quantized_rows_matmul()
     with pytest.raises(ValueError, match=r"layout 'tiles': choose one of"):
         quantized_rows_matmul("tiles")
@@ -482,7 +482,7 @@ nvjet_sm90_tst_64x8_64x16_1x1_h_bz_ptrBatch_NNT
 
 def test_the_mma_session_script_sweeps_with_the_layout_its_bench_found_faster(tmp_path):
     """benchmarks/h200_mma.sh with python3 stubbed (pick_layout.py runs for real): the bench step
-    times the words copy beside the mma copies, then sweeps with DSPARK_ROWS_LAYOUT set to the
+    times the words copy beside the mma copies, then sweeps with DSPARK_LAB_ROWS_LAYOUT set to the
     layout whose chain at cap 7 decoded faster; without a report the sweep keeps the default;
     an unknown model or step stops with the choices."""
     import json
@@ -502,7 +502,7 @@ def test_the_mma_session_script_sweeps_with_the_layout_its_bench_found_faster(tm
     (bin_dir / "python3").write_text(
         '#!/usr/bin/env bash\n'
         f'if [ "$1" = benchmarks/pick_layout.py ]; then exec {real} "$@"; fi\n'
-        'echo "${DSPARK_ROWS_LAYOUT:-none} $*" >> "$CALLS"\n'
+        'echo "${DSPARK_LAB_ROWS_LAYOUT:-none} $*" >> "$CALLS"\n'
         'for a in "$@"; do case $prev in --json) echo \'' + report + '\' > "$a";; esac; prev=$a; done\n')
     (bin_dir / "python3").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls.txt"),

@@ -22,7 +22,7 @@ kernel computes. (MLX's own kernels differ there: bfloat16 sums below 8 rows, fl
 That is the default "words" layout (LAYOUTS); "wide" loads 16 bytes a lane, and "mma" puts the rows
 through the tensor cores (_SOURCE_MMA), so its cost should not grow with them as the float32
 multiply-adds' does: written and compiled for sm_90, not yet measured on a device (forty-sixth
-round, docs/performance.md); DSPARK_ROWS_LAYOUT=mma makes the engine build it, to measure it.
+round, docs/performance.md); DSPARK_LAB_ROWS_LAYOUT=mma makes the engine build it, to measure it.
 
 Whether it is exact enough and faster on a machine is measured (benchmarks/rows_kernel.py;
 per machine and pair by lab/kernel_probe.choose_rows_kernel), not assumed; the engine routes
@@ -273,7 +273,7 @@ _SOURCE_WIDE = _OPENING + """
 # What goes in is exact: the weights as their integers q (0-15, exact in bfloat16), the activations
 # as they are; each 64 weights of a column (one quantization group, or part of one) give float32
 # sums q . x and, through the same step with all-ones weights, sum x, and the output is
-# sum over groups of scale * (q . x) + bias * (sum x): the grouped form of scale * q + bias, without
+# sum over the slices of scale * (q . x) + bias * (sum x): the grouped form of scale * q + bias, without
 # rounding a dequantized weight to bfloat16.
 # Who does what: lane = 4 * g + t. Each 64 weights of a column are 8 packed words; lane t takes
 # words 2t and 2t + 1 of columns g and g + 8 (one 8-byte load each; the 4 lanes of g read 32
@@ -454,12 +454,12 @@ LAYOUTS = {
                   lambda k, bits, group: bits == 4 and group % MMA_SLICE == 0),
 }
 DEFAULT_LAYOUT = "words"
-LAYOUT_VARIABLE = "DSPARK_ROWS_LAYOUT"  # names another layout for quantized_rows_matmul() (measuring it through the lab)
+LAYOUT_VARIABLE = "DSPARK_LAB_ROWS_LAYOUT"  # names another layout for quantized_rows_matmul() (measuring it through the lab)
 
 
 def default_layout() -> str:
     """The layout quantized_rows_matmul builds when none is named: DEFAULT_LAYOUT, unless the
-    environment variable DSPARK_ROWS_LAYOUT names another (so a sweep or the probe can run one
+    environment variable DSPARK_LAB_ROWS_LAYOUT names another (so a sweep or the probe can run one
     whose speed is being measured). A name that is no layout is refused when the kernel is built."""
     return os.environ.get(LAYOUT_VARIABLE) or DEFAULT_LAYOUT
 
