@@ -76,6 +76,15 @@ def test_mlx_environment_is_stamped_and_keys_the_device(monkeypatch):
     assert device_key({k: v for k, v in plain.items() if k != "mlx_env"}) == device_key(plain)
     rows = {name: (status, detail) for name, status, detail in doctor_report()}
     assert rows["MLX environment"] == ("ok", "MLX_MAX_OPS_PER_BUFFER=100: results carry these, and their device key names them")
+    # The rows kernel's layout, named in the environment, keys the device too: its routed trials measure another kernel.
+    from dspark_lab.engine.rows_kernel import LAYOUT_VARIABLE
+    from dspark_lab.lab.device import ENGINE_ENV
+
+    assert LAYOUT_VARIABLE in ENGINE_ENV
+    monkeypatch.setenv(LAYOUT_VARIABLE, "mma")
+    mma = collect_device_stamp()
+    assert mma["mlx_env"] == {"DSPARK_LAB_ROWS_LAYOUT": "mma", "MLX_MAX_OPS_PER_BUFFER": "100"}
+    assert device_key(mma) != device_key(tuned)
 
 
 def test_device_key_memory_in_whole_gib(stamp):

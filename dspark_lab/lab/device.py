@@ -275,14 +275,19 @@ def _git_state() -> tuple[str | None, bool | None]:
 # MLX reads its tuning settings from the environment once, when it first uses the device: on CUDA,
 # how many operations go into one CUDA graph (MLX_MAX_OPS_PER_BUFFER, 20 by default) and how many
 # graphs it keeps (MLX_CUDA_GRAPH_CACHE_SIZE); on Metal, the command buffer sizes. A launch-bound
-# decode step's speed depends on them, so a result carries the ones that were set.
+# decode step's speed depends on them, so a result carries the ones that were set. dspark-lab's own
+# setting of that kind goes with them: the rows kernel's layout (engine/rows_kernel.LAYOUT_VARIABLE,
+# written out here so that a stamp needs no MLX), under which a sweep's MODEL@rows-kernel trials
+# measure another kernel than the default's, so they must not pool with them.
 MLX_ENV_PREFIX = "MLX_"
+ENGINE_ENV = ("DSPARK_LAB_ROWS_LAYOUT",)
 
 
 def mlx_env(environ=None) -> dict[str, str]:
-    """The MLX_* variables set in this process's environment (empty: MLX's own defaults)."""
+    """The MLX_* variables set in this process's environment, and dspark-lab's ENGINE_ENV where set
+    (empty: the defaults)."""
     environ = os.environ if environ is None else environ
-    return {k: environ[k] for k in sorted(environ) if k.startswith(MLX_ENV_PREFIX)}
+    return {k: environ[k] for k in sorted(environ) if k.startswith(MLX_ENV_PREFIX) or k in ENGINE_ENV}
 
 
 # --- the stamp -----------------------------------------------------------------------------------
