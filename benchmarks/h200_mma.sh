@@ -29,6 +29,7 @@ model_of() {
 }
 sweep() {
   local model=$1 left=$((580 - SECONDS)); shift
+  [ "$left" -gt 30 ] || { echo "sweep: ${left}s left in this call, too few; run the sweep step next"; return 0; }  # timeout 0 would never stop it
   local layout; layout=$(python3 benchmarks/pick_layout.py "$keep/$name.json")
   echo "sweep: DSPARK_LAB_ROWS_LAYOUT=$layout, ${left}s" | tee -a "$keep/sweep_$name.log"
   DSPARK_LAB_ROWS_LAYOUT=$layout timeout "$left" python3 -m dspark_lab sweep -m "$model" -d "$heads/$name" --drafter-bits 16 \
