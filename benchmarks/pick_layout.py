@@ -15,7 +15,9 @@ import statistics
 import sys
 from pathlib import Path
 
-DEFAULT = "words"  # rows_kernel.DEFAULT_LAYOUT (not imported: this runs before MLX is set up, and without it)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dspark_lab.engine.rows_kernel import DEFAULT_LAYOUT as DEFAULT  # noqa: E402
 
 
 def faster_layout(report: dict, cap: int = 7, words: str = "worthrouting", mma: str = "withverifiesmma") -> tuple[str, str]:
