@@ -44,7 +44,7 @@ case $step in
   bench)
     model=$(model_of "$name") || exit 2
     timeout 300 python3 benchmarks/rows_kernel.py --model "$model" --head "$heads/$name" --rows "" --widths 1,2,4,8,9,16,17,32 \
-      --caps 3,7,11 --tree-pipe 16 --prompts 2 --max-new-tokens 128 --repeats 15 \
+      --caps 3,7,8 --tree-pipe 16 --prompts 2 --max-new-tokens 128 --repeats 15 \
       --copies worth_routing,with_verifies:mma,multi_row:mma,every_width:mma --json "$out/$name.json" 2>&1 | tee "$out/$name.log"
     cp "$out/$name.json" "$keep/$name.json" 2>/dev/null
     sweep "$model" ;;

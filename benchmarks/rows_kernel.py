@@ -211,6 +211,9 @@ def main() -> None:
         n = routed.route_quantized_rows(layouts[layout], policy=POLICIES[policy])
         print(f"{name}: {n} layers routed through the kernel ({policy}, {layout} layout)", flush=True)
     report: dict = {"model": args.model, "device": str(mx.default_device()), "layers": {}, "forward": {}}
+    # The heads first, so that a cap the head cannot draft stops the run before minutes of timing
+    # (a forty-seventh-round call lost its decoding to --caps 11 with a head of block size 8).
+    heads = load_heads(args, {"mlx": plain, **copies}) if args.head else {}
 
     time_products(args, layer_shapes(plain.model), layouts, rows_list, report)
 
@@ -246,18 +249,28 @@ def main() -> None:
     if args.json:  # written now too: a decoding that fails or runs out of time keeps what came before
         Path(args.json).write_text(json.dumps(report, indent=1))
     if args.head:
-        report["decode"] = decode_side_by_side(args, {"mlx": plain, **copies}, tok)
+        report["decode"] = decode_side_by_side(args, {"mlx": plain, **copies}, heads, tok)
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1))
 
 
-def decode_side_by_side(args, targets: dict, tok) -> list[dict]:
-    from dspark_lab.engine import greedy_generate, speculative_generate
+def load_heads(args, targets: dict) -> dict:
+    """The DSpark head for each copy; SystemExit where a --caps value is more than it drafts."""
     from dspark_lab.engine.drafters.load import load_dspark
+
+    heads = {name: load_dspark(args.head, t, bits=16) for name, t in targets.items()}
+    limit = next(iter(heads.values())).config.max_drafts
+    over = [c for c in (int(c) for c in args.caps.split(",") if c.strip()) if not 1 <= c <= limit]
+    if over:
+        raise SystemExit(f"--caps {','.join(map(str, over))}: the head at {args.head} drafts 1..{limit} tokens a round")
+    return heads
+
+
+def decode_side_by_side(args, targets: dict, heads: dict, tok) -> list[dict]:
+    from dspark_lab.engine import greedy_generate, speculative_generate
     from dspark_lab.engine.text import encode_prompt
     from dspark_lab.lab.prompts import load_prompt_sets
 
-    heads = {name: load_dspark(args.head, t, bits=16) for name, t in targets.items()}
     trees = [int(n) for n in args.tree_pipe.split(",") if n.strip()]
     caps = [int(c) for c in args.caps.split(",") if c.strip()]
 

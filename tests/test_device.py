@@ -87,6 +87,26 @@ def test_mlx_environment_is_stamped_and_keys_the_device(monkeypatch):
     assert device_key(mma) != device_key(tuned)
 
 
+def test_on_cuda_the_stamp_names_the_rows_layout_unless_it_is_the_words_layout_of_earlier_stamps(monkeypatch):
+    """The mma layout became the default (forty-seventh round): a CUDA stamp names it whether the
+    variable is set or not, so its routed trials never pool with earlier stamps' (the words layout,
+    named nowhere); a stamp that runs the words layout keeps the key those had; off CUDA, where no
+    rows kernel runs, only what is set is recorded."""
+    from dspark_lab.engine.rows_kernel import DEFAULT_LAYOUT
+    from dspark_lab.lab.device import ROWS_LAYOUT_DEFAULT, mlx_env
+
+    assert ROWS_LAYOUT_DEFAULT == DEFAULT_LAYOUT  # the stamp's copy, written out so that a stamp needs no MLX
+    plain = {"MLX_MAX_OPS_PER_BUFFER": "20"}
+    assert mlx_env(plain, backend="cuda") == {"DSPARK_LAB_ROWS_LAYOUT": "mma", "MLX_MAX_OPS_PER_BUFFER": "20"}
+    assert mlx_env({**plain, "DSPARK_LAB_ROWS_LAYOUT": "mma"}, backend="cuda") == mlx_env(plain, backend="cuda")
+    assert mlx_env({**plain, "DSPARK_LAB_ROWS_LAYOUT": "words"}, backend="cuda") == plain
+    assert mlx_env({**plain, "DSPARK_LAB_ROWS_LAYOUT": "wide"}, backend="cuda")["DSPARK_LAB_ROWS_LAYOUT"] == "wide"
+    assert mlx_env(plain, backend="metal") == mlx_env(plain, backend="cpu") == plain
+    earlier = {"backend": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "mlx_env": {}}  # a words-layout stamp before the change
+    assert device_key(dict(earlier, mlx_env=mlx_env({"DSPARK_LAB_ROWS_LAYOUT": "words"}, backend="cuda"))) == device_key(earlier)
+    assert device_key(dict(earlier, mlx_env=mlx_env({}, backend="cuda"))) != device_key(earlier)
+
+
 def test_device_key_memory_in_whole_gib(stamp):
     gib = 64 * 2**30
     assert device_key(dict(stamp, device_memory_bytes=gib)) == device_key(dict(stamp, device_memory_bytes=gib - 5_000_000))

@@ -76,9 +76,9 @@ def test_the_layout_can_be_named_in_the_environment_and_a_wrong_name_is_refused(
     """DSPARK_LAB_ROWS_LAYOUT picks the layout the engine builds (a sweep measuring another layout); a
     name that is none says which there are, before anything needs CUDA."""
     monkeypatch.delenv(LAYOUT_VARIABLE, raising=False)
+    assert default_layout() == "mma"  # the default since the forty-seventh round
+    monkeypatch.setenv(LAYOUT_VARIABLE, "words")
     assert default_layout() == "words"
-    monkeypatch.setenv(LAYOUT_VARIABLE, "mma")
-    assert default_layout() == "mma"
     monkeypatch.setenv(LAYOUT_VARIABLE, "tiles")
     with pytest.raises(ValueError, match=r"'tiles' \(from the environment variable DSPARK_LAB_ROWS_LAYOUT\): choose one of words, wide, mma"):
         quantized_rows_matmul()
@@ -126,11 +126,11 @@ def test_routed_layers_use_it_where_the_policy_says_and_go_back():
     assert len(product.shapes) == 2
     # A policy that takes a layer at no width gives it its own class back (an uncompiled step then
     # pays no detour through the routed class's Python).
-    never = lambda rows, weights: False  # noqa: E731
+    never = lambda rows, weights, tensor_cores: False  # noqa: E731
     assert route_quantized_rows(model, product, policy=never) == 0 and type(q) is nn.QuantizedLinear and not hasattr(q, "_dspark_rows")
     asked = []
 
-    def at_three_rows(rows, weights):
+    def at_three_rows(rows, weights, tensor_cores):
         asked.append(rows)
         return rows == 3
 
@@ -212,7 +212,7 @@ def test_the_pipelines_position_check_runs_on_mlx_products_and_leaves_the_routin
     def off_at_two_rows(x, *args, **kwargs):  # a product unlike MLX's where it is routed
         return reference_rows_matmul(x, *args, **kwargs) + 0.5
 
-    changed = target.route_quantized_rows(off_at_two_rows, policy=lambda rows, weights: rows == 2)
+    changed = target.route_quantized_rows(off_at_two_rows, policy=lambda rows, weights, tensor_cores: rows == 2)
     assert target.check_offset_forward() <= 1e-3
     assert target.rows_routed and target._routing[0] is off_at_two_rows
     routed = [m for _, m in target.model.named_modules() if hasattr(m, "_dspark_rows")]
@@ -374,6 +374,14 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     assert set(report["forward"]["9"]) == {"mlx_ms", "worthrouting_ms", "multirowwide_ms", "argmax_equal"}
     assert {r["arm"] for r in report["decode"]} == {f"{a}-{c}" for a in ("greedy", "pipe3", "pipe4")
                                                     for c in ("mlx", "worthrouting", "multirowwide")}
+    # A cap the head cannot draft stops the run before any timing, naming the head's limit.
+    out = tmp_path / "too_far.json"
+    argv = ["rows_kernel.py", "--model", str(model), "--head", str(head), "--reference", "--rows", "1", "--widths", "1",
+            "--repeats", "1", "--caps", "3,99", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match=r"--caps 99: the head at .* drafts 1\.\.\d+ tokens a round"):
+        load_script("rows_kernel").main()
+    assert not out.exists()
     out = tmp_path / "parts.json"
     monkeypatch.setattr(sys, "argv", ["forward_parts.py", "--model", str(model), "--widths", "1,4", "--prefill", "24",
                                       "--repeats", "1", "--json", str(out)])
@@ -432,6 +440,30 @@ def test_with_verifies_routes_the_draft_projection_and_every_verify_width():
     assert not with_verifies(4, small) and not with_verifies(1, big) and not with_verifies(MAX_ROWS + 1, small)
     assert all(with_verifies(r, small) for r in (8, 16, 17, MAX_ROWS)) and worth_routing(8, small)
     assert not worth_routing(17, small) and not worth_routing(MAX_ROWS, small)
+
+
+def test_a_trees_verify_is_routed_where_the_tensor_cores_take_the_layer():
+    """The mma layout's cost barely grows with the rows, so the engine's policy routes a tree's
+    verify (17-32 rows) through it, every layer; where a layer's product falls back to the words
+    layout (8 bits, groups of 32) a tree's verify keeps MLX's kernels, as before."""
+    attention = 896 * 896
+    assert [r for r in range(1, MAX_ROWS + 1) if worth_routing(r, attention, tensor_cores=True)] == list(range(8, MAX_ROWS + 1))
+    assert not worth_routing(1, attention, tensor_cores=True) and not worth_routing(MAX_ROWS + 1, attention, tensor_cores=True)
+
+    def layer(bits, group, seed):
+        lin = nn.Linear(128, 64, bias=False)
+        lin.set_dtype(mx.bfloat16)
+        return nn.QuantizedLinear.from_linear(lin, group_size=group, bits=bits)
+
+    four, eight, small_groups = layer(4, 64, 0), layer(8, 64, 1), layer(4, 32, 2)
+    model = nn.Sequential(four, eight, small_groups)
+    mma, words = Counting(), Counting()
+    mma.layout, words.layout = "mma", "words"
+    assert route_quantized_rows(model, mma) == 3
+    assert four._dspark_widths == frozenset(range(8, MAX_ROWS + 1))
+    assert eight._dspark_widths == small_groups._dspark_widths == frozenset(range(8, 17))
+    route_quantized_rows(model, words)  # the words layout: a chain's verify only
+    assert four._dspark_widths == frozenset(range(8, 17))
 
 
 def test_cuda_graphs_reads_mlx_graph_files_and_runs_here(tmp_path, monkeypatch):
@@ -512,12 +544,14 @@ def test_the_mma_session_script_sweeps_with_the_layout_its_bench_found_faster(tm
         return subprocess.run(["bash", str(BENCHMARKS / "h200_mma.sh"), *args], env=env, capture_output=True, text=True,
                               cwd=BENCHMARKS.parent)
 
+    from dspark_lab.engine.rows_kernel import DEFAULT_LAYOUT
+
     assert script("sweep", "qwen05").returncode == 0  # no bench report yet: the default layout
     run = script("bench", "qwen15")
     assert run.returncode == 0, run.stderr
     assert script("sweep", "qwen15", "--resume").returncode == 0
     calls = (tmp_path / "calls.txt").read_text().splitlines()
-    assert calls[0].startswith("words -m dspark_lab sweep -m /root/ship/qwen05/") and "--precisions as-loaded,rows-kernel" in calls[0]
+    assert calls[0].startswith(f"{DEFAULT_LAYOUT} -m dspark_lab sweep -m /root/ship/qwen05/") and "--precisions as-loaded,rows-kernel" in calls[0]
     assert calls[1].startswith("none benchmarks/rows_kernel.py --model /root/ship/qwen15/")
     assert "--copies worth_routing,with_verifies:mma,multi_row:mma,every_width:mma" in calls[1]
     assert calls[2].startswith("mma -m dspark_lab sweep") and calls[3].startswith("mma -m dspark_lab sweep")
@@ -531,4 +565,4 @@ def test_the_mma_session_script_sweeps_with_the_layout_its_bench_found_faster(tm
 
     faster_layout = load_script("pick_layout").faster_layout
     tie = {"decode": [{"arm": "pipe7-worthrouting", "over_mlx_greedy": 2.0}, {"arm": "pipe7-withverifiesmma", "over_mlx_greedy": 2.0}]}
-    assert faster_layout(tie)[0] == "words" and faster_layout(tie, cap=3) == ("words", "no arm pipe3-worthrouting in the report: the default layout")
+    assert faster_layout(tie)[0] == "words" and faster_layout(tie, cap=3) == (DEFAULT_LAYOUT, "no arm pipe3-worthrouting in the report: the default layout")

@@ -19,10 +19,11 @@ the activation dtype once. Every output element goes through the same operations
 order whatever the number of rows or columns a block takes, so a row's result does not depend on
 how many rows came with it: a verify's rows equal, bit for bit, what a one-row step through the
 kernel computes. (MLX's own kernels differ there: bfloat16 sums below 8 rows, float32 from 8.)
-That is the default "words" layout (LAYOUTS); "wide" loads 16 bytes a lane, and "mma" puts the rows
-through the tensor cores (_SOURCE_MMA), so its cost should not grow with them as the float32
-multiply-adds' does: written and compiled for sm_90, not yet measured on a device (forty-sixth
-round, docs/performance.md); DSPARK_LAB_ROWS_LAYOUT=mma makes the engine build it, to measure it.
+That is the "words" layout (LAYOUTS); "wide" loads 16 bytes a lane, and "mma", the default since
+the forty-seventh round, puts the rows through the tensor cores (_SOURCE_MMA) for 4-bit weights in
+groups of a multiple of 64 (the words layout computes the rest), so its cost barely grows with
+them: on an H100 the 1.5B's vocabulary projection cost 82 us at one row and 86 at 8 (words 105 and
+233, MLX 134 and 99), as exact as the words layout. DSPARK_LAB_ROWS_LAYOUT names another layout.
 
 Whether it is exact enough and faster on a machine is measured (benchmarks/rows_kernel.py;
 per machine and pair by lab/kernel_probe.choose_rows_kernel), not assumed; the engine routes
@@ -61,34 +62,44 @@ MAX_ROWS = 32  # the most rows the kernel takes (a tree's verify); more is a pre
 # go through this kernel too, every layer, up to a compiled forward's widest. (On an H100 in the
 # fortieth round, before the projections were stacked, routing a verify's 16-17 rows lost; whether
 # routing pays on a machine is the probe's to say: lab/kernel_probe.choose_rows_kernel times the
-# chain at cap 7 both ways.) A tree's verify of 17 rows and more keeps MLX's kernels.
+# chain at cap 7 both ways.) A tree's verify of 17 rows and more goes through it only where the mma
+# layout takes the layer: the words layout's cost grows with the rows (17 rows of the vocabulary
+# projection 468 us against MLX's 164 on an H100), the mma layout's barely (224).
 QMV_ROWS = range(2, 8)  # the widths MLX serves with its per-row matrix-vector kernel
 MIN_WEIGHT_ROWS = 12_000_000  # weights x rows below which MLX's re-reads cost less than this kernel's launch
 CHAIN_VERIFY_ROWS = range(QMV_ROWS.stop, MAX_WIDTH + 1)  # a chain's verify at caps 7-15, compiled forwards; a prompt of 8-16 tokens too
 
 
-def worth_routing(rows: int, weights: int) -> bool:
+TREE_VERIFY_ROWS = range(MAX_WIDTH + 1, MAX_ROWS + 1)  # a tree's verify of 17 nodes and more (a 16-node tree and its root)
+
+
+def worth_routing(rows: int, weights: int, tensor_cores: bool = False) -> bool:
     """Whether a product of `rows` rows with a layer of `weights` weights should go through the
     kernel (the engine's default policy; route_quantized_rows takes another): where MLX re-reads a
-    large matrix for every row, and every product of a chain verify's widths."""
-    return (rows in QMV_ROWS and rows * weights >= MIN_WEIGHT_ROWS) or rows in CHAIN_VERIFY_ROWS
+    large matrix for every row, every product of a chain verify's widths, and, where the layer's
+    product goes through the tensor cores (`tensor_cores`: the mma layout takes it), a tree
+    verify's 17-32 rows too: on an H100 (forty-seventh round) a compiled forward of 17 rows ran
+    6.6 ms that way against 11.2 through MLX's kernels and 11.3 through the words layout."""
+    return ((rows in QMV_ROWS and rows * weights >= MIN_WEIGHT_ROWS) or rows in CHAIN_VERIFY_ROWS
+            or (tensor_cores and rows in TREE_VERIFY_ROWS))
 
 
 VERIFY_ROWS = range(8, MAX_ROWS + 1)  # a pipelined verify's widths (cap + 1 rows, a tree's nodes)
 
 
-def with_verifies(rows: int, weights: int) -> bool:
+def with_verifies(rows: int, weights: int, tensor_cores: bool = False) -> bool:
     """worth_routing's products, and every product of a verify's width (8 to MAX_ROWS rows, a
-    tree's of 17 and more too), small layers too: a candidate, not the engine's policy, which it
-    now matches up to 16 rows. Measured alone, MLX's tensor-core kernel beats this one from 8 rows
-    (thirty-eighth round); inside the 0.5B's compiled forward on an H100 (fortieth round, before
-    the projections were stacked) this policy made the forward of 8 rows 1.05x faster and of 16
-    and 17 rows slower (0.88x, 0.72x); on an H200 (forty-fifth round) 1.35-1.77x faster at 8-9
-    rows and 1.26-1.39x at 16, both Qwen models (benchmarks/rows_kernel.py --copies)."""
-    return worth_routing(rows, weights) or rows in VERIFY_ROWS
+    tree's of 17 and more too) whatever the layout: a candidate, not the engine's policy, which
+    matches it wherever the mma layout takes the layer. Measured alone, MLX's tensor-core kernel
+    beats the words layout from 8 rows (thirty-eighth round); inside the 0.5B's compiled forward on
+    an H100 (fortieth round, before the projections were stacked) this policy made the forward of 8
+    rows 1.05x faster and of 16 and 17 rows slower (0.88x, 0.72x); on an H200 (forty-fifth round)
+    1.35-1.77x faster at 8-9 rows and 1.26-1.39x at 16, both Qwen models (benchmarks/rows_kernel.py
+    --copies)."""
+    return worth_routing(rows, weights, tensor_cores) or rows in VERIFY_ROWS
 
 
-def multi_row(rows: int, weights: int) -> bool:
+def multi_row(rows: int, weights: int, tensor_cores: bool = False) -> bool:
     """A candidate policy: every product of 2 or more rows (a verify's, a draft's), never a one-row
     decode step's, whatever the layer's size (benchmarks/rows_kernel.py --copies). On an H100 it
     made the 0.5B's compiled forward slower at every width (forty-first round): each small layer
@@ -96,7 +107,7 @@ def multi_row(rows: int, weights: int) -> bool:
     return rows >= 2
 
 
-def every_width(rows: int, weights: int) -> bool:
+def every_width(rows: int, weights: int, tensor_cores: bool = False) -> bool:
     """A policy routing every product the kernel takes: one-row steps compute what a verify's rows
     do, bit for bit (the lossless check of the kernel's own arithmetic)."""
     return True
@@ -440,20 +451,27 @@ def mma_k_split(k: int, bits: int) -> int:
 class Layout:
     """A kernel body and how it is launched: `k_split(K, bits)` warps a block, splitting K;
     `columns(rows)` output columns a block; `takes(K, bits, group)` whether it computes that product
-    (where it does not, the words layout does, at every width alike)."""
+    (where it does not, the words layout does, at every width alike); `tensor_cores`: whether the
+    products it takes run on the tensor cores (worth_routing then routes a tree's verify too)."""
     source: str
     k_split: Callable[[int, int], int]
     columns: Callable[[int], int]
     takes: Callable[[int, int, int], bool]
+    tensor_cores: bool = False
 
 
 LAYOUTS = {
     "words": Layout(_SOURCE, k_split, columns_per_block, lambda k, bits, group: True),
     "wide": Layout(_SOURCE_WIDE, wide_k_split, columns_per_block, lambda k, bits, group: (k * bits // 32) % 4 == 0),
     "mma": Layout(_SOURCE_MMA, mma_k_split, lambda rows: MMA_COLUMNS,
-                  lambda k, bits, group: bits == 4 and group % MMA_SLICE == 0),
+                  lambda k, bits, group: bits == 4 and group % MMA_SLICE == 0, tensor_cores=True),
 }
-DEFAULT_LAYOUT = "words"
+# The mma layout since the forty-seventh round (H100): as exact as the words layout (both within a
+# bfloat16 step of the float32 product at every shape and width measured), its products faster at
+# every width from 2 rows (the 1.5B's vocabulary projection at 8 rows 86 us against 233, MLX 99),
+# the 1.5B's compiled forward of 8 rows 4.31 ms against 4.84 (MLX 8.39), of 16 rows 4.50 against
+# 6.01; its pipelined decoding measured no faster or slower side by side (launch-bound).
+DEFAULT_LAYOUT = "mma"
 LAYOUT_VARIABLE = "DSPARK_LAB_ROWS_LAYOUT"  # names another layout for quantized_rows_matmul() (measuring it through the lab)
 
 
@@ -582,19 +600,23 @@ def has_quantized_layers(model: nn.Module) -> bool:
 
 
 def route_quantized_rows(model: nn.Module, matmul: Callable[..., mx.array], *,
-                         policy: Callable[[int, int], bool] = worth_routing) -> int:
+                         policy: Callable[..., bool] = worth_routing) -> int:
     """Send every quantized linear layer of `model` (and a quantized embedding, for its tied
-    vocabulary projection) through `matmul` where `policy(rows, weights)` says so (and `supports`
-    does), through MLX's kernels elsewhere; a module the policy takes at no width keeps its own
-    class. Returns how many modules were routed. The modules keep
+    vocabulary projection) through `matmul` where `policy(rows, weights, tensor_cores=)` says so
+    (and `supports` does), through MLX's kernels elsewhere; `tensor_cores`: whether matmul's
+    layout (its `layout` attribute) runs this layer's products on the tensor cores. A module the
+    policy takes at no width keeps its own class. Returns how many modules were routed. The modules keep
     their weights; only their class changes (as the Target's taps do), so a caller holding a
     bound `as_linear` must fetch it again."""
     routed = 0
+    layout = LAYOUTS.get(getattr(matmul, "layout", None))  # a stand-in product has none: the words layout's widths
     for _, module in model.named_modules():
         if not isinstance(module, QUANTIZED_LAYERS):
             continue
         weights = module.weight.size * 32 // module.bits
-        widths = frozenset(rows for rows in range(1, MAX_ROWS + 1) if policy(rows, weights))
+        k = module.weight.shape[-1] * 32 // module.bits
+        tensor_cores = layout is not None and layout.tensor_cores and layout.takes(k, module.bits, module.group_size)
+        widths = frozenset(rows for rows in range(1, MAX_ROWS + 1) if policy(rows, weights, tensor_cores=tensor_cores))
         if not widths:
             _unroute(module)  # never taken at any width: no detour through the routed class's Python
             continue

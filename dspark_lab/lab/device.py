@@ -280,14 +280,27 @@ def _git_state() -> tuple[str | None, bool | None]:
 # written out here so that a stamp needs no MLX), under which a sweep's MODEL@rows-kernel trials
 # measure another kernel than the default's, so they must not pool with them.
 MLX_ENV_PREFIX = "MLX_"
-ENGINE_ENV = ("DSPARK_LAB_ROWS_LAYOUT",)
+ROWS_LAYOUT_VARIABLE = "DSPARK_LAB_ROWS_LAYOUT"
+ENGINE_ENV = (ROWS_LAYOUT_VARIABLE,)
+# The layout the rows kernel builds where the variable is unset (engine/rows_kernel.DEFAULT_LAYOUT,
+# written out here too), and the one every stamp measured before the default changed in the
+# forty-seventh round. On CUDA, where the kernel runs, a stamp names the layout in force wherever
+# it is not the earlier default: trials of the mma layout never pool with the words layout's under
+# one device key, and a stamp of the words layout keeps the key such stamps always had.
+ROWS_LAYOUT_DEFAULT, ROWS_LAYOUT_BEFORE = "mma", "words"
 
 
-def mlx_env(environ=None) -> dict[str, str]:
+def mlx_env(environ=None, backend: str | None = None) -> dict[str, str]:
     """The MLX_* variables set in this process's environment, and dspark-lab's ENGINE_ENV where set
-    (empty: the defaults)."""
+    (empty: the defaults); on the `backend` "cuda", the rows kernel's layout wherever it is not the
+    words layout, set or not."""
     environ = os.environ if environ is None else environ
-    return {k: environ[k] for k in sorted(environ) if k.startswith(MLX_ENV_PREFIX) or k in ENGINE_ENV}
+    env = {k: environ[k] for k in sorted(environ) if k.startswith(MLX_ENV_PREFIX) or k in ENGINE_ENV}
+    if backend == "cuda":
+        layout = env.pop(ROWS_LAYOUT_VARIABLE, None) or ROWS_LAYOUT_DEFAULT
+        if layout != ROWS_LAYOUT_BEFORE:
+            env = dict(sorted({**env, ROWS_LAYOUT_VARIABLE: layout}.items()))
+    return env
 
 
 # --- the stamp -----------------------------------------------------------------------------------
@@ -335,7 +348,7 @@ def collect_device_stamp(engine_options: dict | None = None) -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
         "engine_options": _jsonable(dict(engine_options or {})),
-        "mlx_env": mlx_env(),
+        "mlx_env": mlx_env(backend=backend),
         "power_thermal": _power_thermal(),
     }
 
@@ -463,7 +476,7 @@ def doctor_report() -> list[tuple[str, str, str]]:
     else:
         rows.append(("HF_HUB_OFFLINE", "ok", "not set: a repo id that is not cached is downloaded from the Hugging Face hub."))
 
-    env = mlx_env()
+    env = mlx_env(backend=backend)
     rows.append(("MLX environment", "ok", ", ".join(f"{k}={v}" for k, v in env.items()) + ": results carry these, and their device key names them"
                  if env else "no MLX_* setting: MLX's defaults."))
     rows.append(_cache_check())
