@@ -278,15 +278,17 @@ def _git_state() -> tuple[str | None, bool | None]:
 # decode step's speed depends on them, so a result carries the ones that were set. dspark-lab's own
 # setting of that kind goes with them: the rows kernel's layout (engine/rows_kernel.LAYOUT_VARIABLE,
 # written out here so that a stamp needs no MLX), under which a sweep's MODEL@rows-kernel trials
-# measure another kernel than the default's, so they must not pool with them.
+# measure another kernel than the default's: a result says which, and its device key differs, so
+# calibrations and probe verdicts keyed on it stay apart. (Summaries and the registry pool a
+# machine class's runs whatever their keys; choose runs with --run to keep layouts apart there.)
 MLX_ENV_PREFIX = "MLX_"
 ROWS_LAYOUT_VARIABLE = "DSPARK_LAB_ROWS_LAYOUT"
 ENGINE_ENV = (ROWS_LAYOUT_VARIABLE,)
 # The layout the rows kernel builds where the variable is unset (engine/rows_kernel.DEFAULT_LAYOUT,
 # written out here too), and the one every stamp measured before the default changed in the
 # forty-seventh round. On CUDA, where the kernel runs, a stamp names the layout in force wherever
-# it is not the earlier default: trials of the mma layout never pool with the words layout's under
-# one device key, and a stamp of the words layout keeps the key such stamps always had.
+# it is not the earlier default: trials of the mma layout never share a device key with the words
+# layout's, and a stamp of the words layout keeps the key such stamps always had.
 ROWS_LAYOUT_DEFAULT, ROWS_LAYOUT_BEFORE = "mma", "words"
 
 
