@@ -102,6 +102,8 @@ def test_on_cuda_the_stamp_names_the_rows_layout_unless_it_is_the_words_layout_o
     assert mlx_env({**plain, "DSPARK_LAB_ROWS_LAYOUT": "words"}, backend="cuda") == plain
     assert mlx_env({**plain, "DSPARK_LAB_ROWS_LAYOUT": "wide"}, backend="cuda")["DSPARK_LAB_ROWS_LAYOUT"] == "wide"
     assert mlx_env(plain, backend="metal") == mlx_env(plain, backend="cpu") == plain
+    assert mlx_env(plain, backend="cuda", compute_capability=7) == plain  # before Ampere the engine builds the words layout
+    assert mlx_env(plain, backend="cuda", compute_capability=9) == mlx_env(plain, backend="cuda")
     earlier = {"backend": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "mlx_env": {}}  # a words-layout stamp before the change
     assert device_key(dict(earlier, mlx_env=mlx_env({"DSPARK_LAB_ROWS_LAYOUT": "words"}, backend="cuda"))) == device_key(earlier)
     assert device_key(dict(earlier, mlx_env=mlx_env({}, backend="cuda"))) != device_key(earlier)

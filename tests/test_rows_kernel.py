@@ -86,6 +86,23 @@ def test_the_layout_can_be_named_in_the_environment_and_a_wrong_name_is_refused(
         quantized_rows_matmul("tiles")
 
 
+def test_before_ampere_the_mma_layout_gives_way_to_the_words_layout(monkeypatch):
+    """The mma layout's bfloat16 m16n8k16 step needs compute capability 8.0: on an older device the
+    engine builds the words layout (and so routes no tree verify), on a newer one the mma layout; a
+    device that reports no capability is taken as able."""
+    import dspark_lab.engine.rows_kernel as rk
+
+    monkeypatch.delenv(LAYOUT_VARIABLE, raising=False)
+    monkeypatch.setattr(rk, "cuda_available", lambda: True)
+    monkeypatch.setattr(rk, "_kernel", lambda layout: None)  # nothing compiled here
+    for reported, layout in (({"compute_capability_major": 7}, "words"), ({"compute_capability_major": 9}, "mma"),
+                             ({"architecture": "cpu"}, "mma")):
+        monkeypatch.setattr(mx, "device_info", lambda reported=reported: reported, raising=False)
+        assert rk.tensor_cores_available() == (layout == "mma")
+        assert quantized_rows_matmul().layout == layout
+    assert quantized_rows_matmul("wide").layout == "wide"  # only a tensor-core layout gives way
+
+
 def test_the_stand_in_is_the_float32_product_rounded_once():
     """Nibble k of a word is element k (lowest bits first), each weight scale * q + bias in float32."""
     q = _quantized_linear(bias=False)

@@ -475,6 +475,16 @@ DEFAULT_LAYOUT = "mma"
 LAYOUT_VARIABLE = "DSPARK_LAB_ROWS_LAYOUT"  # names another layout for quantized_rows_matmul() (measuring it through the lab)
 
 
+def tensor_cores_available() -> bool:
+    """Whether this device runs the mma layout's bfloat16 m16n8k16 step: compute capability 8.0 or
+    more (Ampere on), as MLX's device_info reports it; a device that does not say counts as able."""
+    try:
+        major = (mx.device_info() if hasattr(mx, "device_info") else {}).get("compute_capability_major")
+    except Exception:
+        return True
+    return not isinstance(major, int) or major >= 8
+
+
 def default_layout() -> str:
     """The layout quantized_rows_matmul builds when none is named: DEFAULT_LAYOUT, unless the
     environment variable DSPARK_LAB_ROWS_LAYOUT names another (so a sweep or the probe can run one
@@ -493,8 +503,9 @@ def quantized_rows_matmul(layout: str | None = None) -> Callable[..., mx.array]:
     """matmul(x, weight, scales, biases, group_size=, bits=) -> x @ dequantize(weight).T, as
     mx.quantized_matmul(..., transpose=True) computes it, for what `supports` accepts. `layout`:
     "words" (a lane loads one packed word at a time), "wide" (16 bytes at a time, _SOURCE_WIDE) or
-    "mma" (the rows through the tensor cores, _SOURCE_MMA); a product a layout does not take (see
-    Layout.takes) runs the "words" layout, at every width alike; none named: default_layout().
+    "mma" (the rows through the tensor cores, _SOURCE_MMA; on a device before compute capability
+    8.0 the words layout instead); a product a layout does not take (see Layout.takes) runs the
+    "words" layout, at every width alike; none named: default_layout().
     Raises RuntimeError off CUDA; the kernel is compiled (NVRTC) at its first call for each shape."""
     named = layout
     layout = layout or default_layout()
@@ -503,6 +514,8 @@ def quantized_rows_matmul(layout: str | None = None) -> Callable[..., mx.array]:
         raise ValueError(f"rows kernel layout {layout!r}{where}: choose one of {', '.join(LAYOUTS)}")
     if not cuda_available():
         raise RuntimeError("no CUDA backend on this device (the rows kernel is written for MLX's CUDA backend)")
+    if LAYOUTS[layout].tensor_cores and not tensor_cores_available():
+        layout = "words"  # before Ampere: no bfloat16 mma step to compile, so every product takes the words layout
     _kernel(layout)
 
     def matmul(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, group_size: int, bits: int) -> mx.array:

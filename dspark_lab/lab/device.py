@@ -292,14 +292,17 @@ ENGINE_ENV = (ROWS_LAYOUT_VARIABLE,)
 ROWS_LAYOUT_DEFAULT, ROWS_LAYOUT_BEFORE = "mma", "words"
 
 
-def mlx_env(environ=None, backend: str | None = None) -> dict[str, str]:
+def mlx_env(environ=None, backend: str | None = None, compute_capability: int | None = None) -> dict[str, str]:
     """The MLX_* variables set in this process's environment, and dspark-lab's ENGINE_ENV where set
     (empty: the defaults); on the `backend` "cuda", the rows kernel's layout wherever it is not the
-    words layout, set or not."""
+    words layout, set or not (the mma layout gives way to words on a device whose
+    `compute_capability` major is below 8, as engine/rows_kernel.quantized_rows_matmul does)."""
     environ = os.environ if environ is None else environ
     env = {k: environ[k] for k in sorted(environ) if k.startswith(MLX_ENV_PREFIX) or k in ENGINE_ENV}
     if backend == "cuda":
         layout = env.pop(ROWS_LAYOUT_VARIABLE, None) or ROWS_LAYOUT_DEFAULT
+        if layout == "mma" and isinstance(compute_capability, int) and compute_capability < 8:
+            layout = ROWS_LAYOUT_BEFORE
         if layout != ROWS_LAYOUT_BEFORE:
             env = dict(sorted({**env, ROWS_LAYOUT_VARIABLE: layout}.items()))
     return env
@@ -350,7 +353,7 @@ def collect_device_stamp(engine_options: dict | None = None) -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
         "engine_options": _jsonable(dict(engine_options or {})),
-        "mlx_env": mlx_env(backend=backend),
+        "mlx_env": mlx_env(backend=backend, compute_capability=info.get("compute_capability_major")),
         "power_thermal": _power_thermal(),
     }
 
@@ -478,7 +481,7 @@ def doctor_report() -> list[tuple[str, str, str]]:
     else:
         rows.append(("HF_HUB_OFFLINE", "ok", "not set: a repo id that is not cached is downloaded from the Hugging Face hub."))
 
-    env = mlx_env(backend=backend)
+    env = mlx_env(backend=backend, compute_capability=(facts.get("device_info") or {}).get("compute_capability_major"))
     rows.append(("MLX environment", "ok", ", ".join(f"{k}={v}" for k, v in env.items()) + ": results carry these, and their device key names them"
                  if env else "no MLX_* setting: MLX's defaults."))
     rows.append(_cache_check())
