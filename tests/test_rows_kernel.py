@@ -295,12 +295,16 @@ def test_rows_verdicts_are_stored_per_pair_and_policy_and_reused(quantized, tmp_
         first = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
         again = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
         other = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="another")
+        # Where the words layout is in force (a GPU before Ampere), no tree verify is routed: another key.
+        monkeypatch.setattr(rows_kernel, "tensor_cores_available", lambda: False)
+        on_words = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
+        monkeypatch.setattr(rows_kernel, "tensor_cores_available", lambda: True)
         # A verdict timed under another routing policy is not reused: the policy's widths are in its key.
         monkeypatch.setattr(rows_kernel, "CHAIN_VERIFY_ROWS", range(0))
         under_the_old_policy = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
     finally:
         db.dispose()
-    assert not first.reused and again.reused and not other.reused and not under_the_old_policy.reused
+    assert not first.reused and again.reused and not other.reused and not on_words.reused and not under_the_old_policy.reused
     assert again.to_dict() == first.to_dict()
 
 

@@ -467,8 +467,9 @@ LAYOUTS = {
                   lambda k, bits, group: bits == 4 and group % MMA_SLICE == 0, tensor_cores=True),
 }
 # The mma layout since the forty-seventh round (H100): as exact as the words layout (both within a
-# bfloat16 step of the float32 product at every shape and width measured), its products faster at
-# every width from 2 rows (the 1.5B's vocabulary projection at 8 rows 86 us against 233, MLX 99),
+# bfloat16 step of the float32 product at every shape and width measured), its products faster than
+# the words layout's at every width from 2 rows (the 1.5B's vocabulary projection at 8 rows 86 us
+# against 233, MLX 99),
 # the 1.5B's compiled forward of 8 rows 4.31 ms against 4.84 (MLX 8.39), of 16 rows 4.50 against
 # 6.01; its pipelined decoding measured no faster or slower side by side (launch-bound).
 DEFAULT_LAYOUT = "mma"
@@ -483,6 +484,14 @@ def tensor_cores_available() -> bool:
     except Exception:
         return True
     return not isinstance(major, int) or major >= 8
+
+
+def layout_in_force(layout: str | None = None) -> str:
+    """The layout quantized_rows_matmul(layout) builds here: `layout` or default_layout(), except
+    that a tensor-core layout gives way to the words layout on a device before Ampere."""
+    layout = layout or default_layout()
+    spec = LAYOUTS.get(layout)
+    return "words" if spec is not None and spec.tensor_cores and not tensor_cores_available() else layout
 
 
 def default_layout() -> str:
@@ -514,8 +523,7 @@ def quantized_rows_matmul(layout: str | None = None) -> Callable[..., mx.array]:
         raise ValueError(f"rows kernel layout {layout!r}{where}: choose one of {', '.join(LAYOUTS)}")
     if not cuda_available():
         raise RuntimeError("no CUDA backend on this device (the rows kernel is written for MLX's CUDA backend)")
-    if LAYOUTS[layout].tensor_cores and not tensor_cores_available():
-        layout = "words"  # before Ampere: no bfloat16 mma step to compile, so every product takes the words layout
+    layout = layout_in_force(layout)  # before Ampere: no bfloat16 mma step to compile, so the words layout
     _kernel(layout)
 
     def matmul(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, group_size: int, bits: int) -> mx.array:

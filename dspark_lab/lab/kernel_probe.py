@@ -389,22 +389,25 @@ def choose_rows_kernel(target, *, db=None, reprobe: bool = False, candidate: Cal
                        model_id: str = "") -> KernelVerdict:
     """The stored verdict for the rows kernel on this machine and this pair (`model_id` names it),
     else a fresh probe (measure_rows_kernel), stored when `db` is given."""
-    from ..engine.rows_kernel import default_layout
+    from ..engine.rows_kernel import layout_in_force
 
+    layout = layout_in_force()
     options = {"rows": list(ROWS_CHECKED), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
-               "stage": "loop" if loop is not None else "check", "routes": _routed_widths()}
-    if candidate is None and default_layout() != "words":  # a verdict on the words layout (all before) keeps its key
-        options["layout"] = default_layout()
+               "stage": "loop" if loop is not None else "check", "routes": _routed_widths(layout)}
+    if candidate is None and layout != "words":  # a verdict on the words layout (all before) keeps its key
+        options["layout"] = layout
     return _stored_or_measured("rows_kernel", options, model_id, db, reprobe, lambda: measure_rows_kernel(target, candidate, loop=loop))
 
 
-def _routed_widths() -> dict[str, list[int]]:
-    """The widths the engine's policy routes for a small layer and a large one: in the verdict's
-    key, so a loop timed under another policy (before the forty-fifth round a chain's verify kept
-    MLX's products) is timed again rather than reused."""
-    from ..engine.rows_kernel import MAX_ROWS, worth_routing
+def _routed_widths(layout: str = "words") -> dict[str, list[int]]:
+    """The widths the engine's policy routes for a small layer and a large one under `layout` (a
+    tensor-core layout's include a tree's verify): in the verdict's key, so a loop timed under
+    another policy (before the forty-fifth round a chain's verify kept MLX's products) is timed
+    again rather than reused."""
+    from ..engine.rows_kernel import LAYOUTS, MAX_ROWS, worth_routing
 
-    return {label: [r for r in range(1, MAX_ROWS + 1) if worth_routing(r, weights)]
+    tensor_cores = LAYOUTS[layout].tensor_cores if layout in LAYOUTS else False
+    return {label: [r for r in range(1, MAX_ROWS + 1) if worth_routing(r, weights, tensor_cores)]
             for label, weights in (("small", 1_000_000), ("large", 200_000_000))}
 
 
