@@ -469,9 +469,9 @@ LAYOUTS = {
 # The mma layout since the forty-seventh round (H100): as exact as the words layout (both within a
 # bfloat16 step of the float32 product at every shape and width measured), its products faster than
 # the words layout's at every width from 2 rows (the 1.5B's vocabulary projection at 8 rows 86 us
-# against 233, MLX 99),
-# the 1.5B's compiled forward of 8 rows 4.31 ms against 4.84 (MLX 8.39), of 16 rows 4.50 against
-# 6.01; its pipelined decoding measured no faster or slower side by side (launch-bound).
+# against 233, MLX 99), the 1.5B's compiled forward of 8 rows 4.31 ms against 4.84 (MLX 8.39), of
+# 16 rows 4.50 against 6.01; its pipelined decoding measured no faster or slower side by side
+# (launch-bound).
 DEFAULT_LAYOUT = "mma"
 LAYOUT_VARIABLE = "DSPARK_LAB_ROWS_LAYOUT"  # names another layout for quantized_rows_matmul() (measuring it through the lab)
 
