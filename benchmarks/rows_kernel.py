@@ -3,7 +3,8 @@ matmul, side by side in one process (CUDA only).
 
     python benchmarks/rows_kernel.py --shapes NxK,... [--rows ...] [--repeats 30] [--json F]   (part 2 on random layers)
     python benchmarks/rows_kernel.py --model DIR [--head DIR] [--rows 1,2,4,7,8,9,16,17,32] [--widths 1,2,8,16,17,33]
-        [--repeats 30] [--prompts 4] [--tree-pipe 16] [--caps 7] [--copies worth_routing,every_width:wide] [--json F]
+        [--repeats 30] [--prompts 4] [--tree-pipe 16,15@7] [--caps 7] [--copies worth_routing,every_width:wide]
+        [--mlx-greedy-only] [--json F]
 
 1. Exactness, for each distinct quantized layer shape of the model and each row count: the kernel
    and mx.quantized_matmul against a float32 reference (weights dequantized in float32, a float32
@@ -23,8 +24,9 @@ matmul, side by side in one process (CUDA only).
 4. With --head: decoding, each copy with its own instance of the head, arm after arm on each
    prompt (the first --prompts built-in prompts of code, math, chat; 128 tokens, after a warm-up):
    greedy, the pipelined chain (compiled draft) at each of --caps, and the pipelined trees of
-   --tree-pipe nodes at the first cap, through MLX's kernels and through each routed copy; each
-   arm's decode rate over MLX's greedy on the prompt, and whether its tokens equal its own copy's greedy.
+   --tree-pipe (NODES: that many nodes as deep as the first cap; NODES@DEPTH: that deep), through
+   MLX's kernels (only its greedy with --mlx-greedy-only) and through each routed copy; each arm's
+   decode rate over MLX's greedy on the prompt, and whether its tokens equal its own copy's greedy.
 Nothing is asserted; the numbers decide whether the engine should route (docs/performance.md).
 """
 
@@ -175,7 +177,9 @@ def main() -> None:
     ap.add_argument("--widths", default="1,2,8,16,17,33")
     ap.add_argument("--head", default=None)
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--tree-pipe", default="16")
+    ap.add_argument("--tree-pipe", default="16", help="pipelined trees: NODES (as deep as the first cap) or NODES@DEPTH, comma-separated")
+    ap.add_argument("--mlx-greedy-only", action="store_true",
+                    help="MLX's copy runs only its greedy (the baseline), the speculative arms only the routed copies")
     ap.add_argument("--caps", default="7", help="the pipelined chain's caps in decoding (the trees take the first)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default=None, help="cast the float weights and a quantized model's scales (bfloat16: what the kernel reads)")
@@ -260,10 +264,18 @@ def load_heads(args, targets: dict) -> dict:
 
     heads = {name: load_dspark(args.head, t, bits=16) for name, t in targets.items()}
     limit = next(iter(heads.values())).config.max_drafts
-    over = [c for c in (int(c) for c in args.caps.split(",") if c.strip()) if not 1 <= c <= limit]
+    caps = [int(c) for c in args.caps.split(",") if c.strip()]
+    depths = [parse_tree(t, caps[0])[1] for t in args.tree_pipe.split(",") if t.strip()]
+    over = [c for c in caps + depths if not 1 <= c <= limit]
     if over:
-        raise SystemExit(f"--caps {','.join(map(str, over))}: the head at {args.head} drafts 1..{limit} tokens a round")
+        raise SystemExit(f"--caps / --tree-pipe depths {','.join(map(str, over))}: the head at {args.head} drafts 1..{limit} tokens a round")
     return heads
+
+
+def parse_tree(spec: str, default_depth: int) -> tuple[int, int]:
+    """--tree-pipe's NODES or NODES@DEPTH -> (nodes, depth)."""
+    nodes, _, depth = spec.strip().partition("@")
+    return int(nodes), int(depth) if depth else default_depth
 
 
 def decode_side_by_side(args, targets: dict, heads: dict, tok) -> list[dict]:
@@ -271,18 +283,20 @@ def decode_side_by_side(args, targets: dict, heads: dict, tok) -> list[dict]:
     from dspark_lab.engine.text import encode_prompt
     from dspark_lab.lab.prompts import load_prompt_sets
 
-    trees = [int(n) for n in args.tree_pipe.split(",") if n.strip()]
     caps = [int(c) for c in args.caps.split(",") if c.strip()]
+    trees = [parse_tree(t, caps[0]) for t in args.tree_pipe.split(",") if t.strip()]
 
     def arms(name, ids, n):
         t, h = targets[name], heads[name]
         yield f"greedy-{name}", lambda: greedy_generate(t, tok, ids, max_new_tokens=n)
+        if name == "mlx" and args.mlx_greedy_only:
+            return
         for cap in caps:
             yield f"pipe{cap}-{name}", lambda cap=cap: speculative_generate(
                 t, tok, h, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True, compile_draft=True)
-        for nodes in trees:
-            yield f"tree{nodes}-pipe-{name}", lambda nodes=nodes: speculative_generate(
-                t, tok, h, ids, max_new_tokens=n, max_draft_tokens=caps[0], pipeline=True, compile_draft=True, tree_nodes=nodes)
+        for nodes, depth in trees:
+            yield f"tree{nodes}d{depth}-pipe-{name}", lambda nodes=nodes, depth=depth: speculative_generate(
+                t, tok, h, ids, max_new_tokens=n, max_draft_tokens=depth, pipeline=True, compile_draft=True, tree_nodes=nodes)
 
     prompts = [p for s in load_prompt_sets("code,math,chat", limit=args.prompts) for p in s.prompts]
     warm = encode_prompt(tok, prompts[0].as_input())
