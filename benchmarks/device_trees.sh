@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Trees against the chain on the device, with every verify width routed through the rows kernel's
+# tensor-core layout (docs/performance.md, forty-eighth round). From the checkout on the device,
+# after `source /root/ship/mlx/activate` (models and heads shipped as prepare_device_session.sh does):
+#   OUT=$OUT bash benchmarks/device_trees.sh bench NAME    decoding side by side: MLX's greedy, and
+#       through the engine's routing its greedy, the chain at caps 3 and 7 and trees of TREES
+#       (NODES@DEPTH; default 7@7,15@7,16@7,15@5: 8, 16, 17 and 16 verify rows) -> OUT/NAME_trees.{json,log}
+#   OUT=$OUT bash benchmarks/device_trees.sh sweep NAME [--resume]   the lab's sweep of the routed
+#       copy: the chain and trees of NODES (default 15) at caps CAPS (default 5,7), 8 prompts a set,
+#       2 trials, stopped 580 s into the call (a sweep keeps every finished trial: --resume goes on)
+#       -> OUT/sweep_trees_NAME.{json,log}
+# NAME is qwen15 or qwen05 (/root/ship/NAME/...; HEADS overrides /root/ship/data/heads; KEEP, default
+# /root, holds what a later call on the same machine reads: the sweep's database and log).
+set -o pipefail
+step=${1:?usage: device_trees.sh bench NAME | sweep NAME [--resume]}
+name=${2:?name the model: qwen15 or qwen05}
+shift 2
+out=${OUT:?set OUT to the folder whose files come back}
+heads=${HEADS:-/root/ship/data/heads}
+keep=${KEEP:-/root}
+export PYTHONUNBUFFERED=1
+case $name in
+  qwen15) model=/root/ship/qwen15/qwen2.5-coder-1.5b-q4-bfloat16 ;;
+  qwen05) model=/root/ship/qwen05/qwen2.5-coder-0.5b-q4-bfloat16 ;;
+  *) echo "unknown model $name (qwen15, qwen05)" >&2; exit 2 ;;
+esac
+case $step in
+  bench)
+    timeout 420 python3 benchmarks/rows_kernel.py --model "$model" --head "$heads/$name" --rows "" --widths "" \
+      --caps 3,7 --tree-pipe "${TREES:-7@7,15@7,16@7,15@5}" --prompts "${PROMPTS:-8}" --max-new-tokens 128 \
+      --copies worth_routing:mma --mlx-greedy-only --json "$out/${name}_trees.json" 2>&1 | tee "$out/${name}_trees.log" ;;
+  sweep)
+    left=$((580 - SECONDS))
+    timeout "$left" python3 -m dspark_lab sweep -m "$model" -d "$heads/$name" --drafter-bits 16 \
+      --modes dspark-pipe,dspark-tree-pipe --compile-draft --caps "${CAPS:-5,7}" --tree-nodes "${NODES:-15}" \
+      --precisions rows-kernel --prompt-limit 8 --trials 2 -n 128 --db "$keep/sweep_trees_$name.duckdb" \
+      --json "$out/sweep_trees_$name.json" "$@" 2>&1 | tee -a "$keep/sweep_trees_$name.log"
+    cp "$keep/sweep_trees_$name.log" "$out/" ;;
+  *) echo "unknown step $step (bench NAME, sweep NAME)" >&2; exit 2 ;;
+esac
