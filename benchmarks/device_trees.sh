@@ -4,7 +4,7 @@
 # after `source /root/ship/mlx/activate` (models and heads shipped as prepare_device_session.sh does):
 #   OUT=$OUT bash benchmarks/device_trees.sh bench NAME    decoding side by side: MLX's greedy, and
 #       through the engine's routing its greedy, the chain at caps 3 and 7 and trees of TREES
-#       (NODES@DEPTH; default 7@7,15@7,16@7,15@5: 8, 16, 17 and 16 verify rows) -> OUT/NAME_trees.{json,log}
+#       (NODES@DEPTH[+lk]; default 7@7,15@7,16@7,15@5,8@7+lk: 8, 16, 17, 16 and 16 verify rows) -> OUT/NAME_trees.{json,log}
 #   OUT=$OUT bash benchmarks/device_trees.sh sweep NAME [--resume]   the lab's sweep of the routed
 #       copy: the chain and trees of NODES (default 15) at caps CAPS (default 5,7), 8 prompts a set,
 #       2 trials, stopped 580 s into the call (a sweep keeps every finished trial: --resume goes on)
@@ -27,7 +27,7 @@ esac
 case $step in
   bench)
     timeout 420 python3 benchmarks/rows_kernel.py --model "$model" --head "$heads/$name" --rows "" --widths "" \
-      --caps 3,7 --tree-pipe "${TREES:-7@7,15@7,16@7,15@5}" --prompts "${PROMPTS:-8}" --max-new-tokens 128 \
+      --caps 3,7 --tree-pipe "${TREES:-7@7,15@7,16@7,15@5,8@7+lk}" --prompts "${PROMPTS:-8}" --max-new-tokens 128 \
       --copies worth_routing:mma --mlx-greedy-only --json "$out/${name}_trees.json" 2>&1 | tee "$out/${name}_trees.log" ;;
   sweep)
     left=$((580 - SECONDS))

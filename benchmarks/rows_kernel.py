@@ -24,7 +24,8 @@ matmul, side by side in one process (CUDA only).
 4. With --head: decoding, each copy with its own instance of the head, arm after arm on each
    prompt (the first --prompts built-in prompts of code, math, chat; 128 tokens, after a warm-up):
    greedy, the pipelined chain (compiled draft) at each of --caps, and the pipelined trees of
-   --tree-pipe (NODES: that many nodes as deep as the first cap; NODES@DEPTH: that deep), through
+   --tree-pipe (NODES: that many nodes as deep as the first cap; NODES@DEPTH: that deep; a +lk
+   suffix adds the device-side lookup match's chain, DEPTH more verify rows), through
    MLX's kernels (only its greedy with --mlx-greedy-only) and through each routed copy; each arm's
    decode rate over MLX's greedy on the prompt, and whether its tokens equal its own copy's greedy.
 Nothing is asserted; the numbers decide whether the engine should route (docs/performance.md).
@@ -177,7 +178,7 @@ def main() -> None:
     ap.add_argument("--widths", default="1,2,8,16,17,33")
     ap.add_argument("--head", default=None)
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--tree-pipe", default="16", help="pipelined trees: NODES (as deep as the first cap) or NODES@DEPTH, comma-separated")
+    ap.add_argument("--tree-pipe", default="16", help="pipelined trees: NODES (as deep as the first cap) or NODES@DEPTH, +lk for the lookup chain, comma-separated")
     ap.add_argument("--mlx-greedy-only", action="store_true",
                     help="MLX's copy runs only its greedy (the baseline), the speculative arms only the routed copies")
     ap.add_argument("--caps", default="7", help="the pipelined chain's caps in decoding (the trees take the first)")
@@ -272,10 +273,11 @@ def load_heads(args, targets: dict) -> dict:
     return heads
 
 
-def parse_tree(spec: str, default_depth: int) -> tuple[int, int]:
-    """--tree-pipe's NODES or NODES@DEPTH -> (nodes, depth)."""
-    nodes, _, depth = spec.strip().partition("@")
-    return int(nodes), int(depth) if depth else default_depth
+def parse_tree(spec: str, default_depth: int) -> tuple[int, int, bool]:
+    """--tree-pipe's NODES[@DEPTH][+lk] -> (nodes, depth, with the lookup chain)."""
+    spec, lookup = spec.strip().removesuffix("+lk"), spec.strip().endswith("+lk")
+    nodes, _, depth = spec.partition("@")
+    return int(nodes), int(depth) if depth else default_depth, lookup
 
 
 def decode_side_by_side(args, targets: dict, heads: dict, tok) -> list[dict]:
@@ -294,9 +296,10 @@ def decode_side_by_side(args, targets: dict, heads: dict, tok) -> list[dict]:
         for cap in caps:
             yield f"pipe{cap}-{name}", lambda cap=cap: speculative_generate(
                 t, tok, h, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True, compile_draft=True)
-        for nodes, depth in trees:
-            yield f"tree{nodes}d{depth}-pipe-{name}", lambda nodes=nodes, depth=depth: speculative_generate(
-                t, tok, h, ids, max_new_tokens=n, max_draft_tokens=depth, pipeline=True, compile_draft=True, tree_nodes=nodes)
+        for nodes, depth, lookup in trees:
+            yield f"tree{nodes}d{depth}{'lk' if lookup else ''}-pipe-{name}", lambda nodes=nodes, depth=depth, lookup=lookup: (
+                speculative_generate(t, tok, h, ids, max_new_tokens=n, max_draft_tokens=depth, pipeline=True, compile_draft=True,
+                                     tree_nodes=nodes, lookup_drafts=lookup))
 
     prompts = [p for s in load_prompt_sets("code,math,chat", limit=args.prompts) for p in s.prompts]
     warm = encode_prompt(tok, prompts[0].as_input())
