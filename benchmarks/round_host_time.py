@@ -1,0 +1,112 @@
+"""Whether the pipelined loop's rounds wait on the host or on the device.
+
+    python benchmarks/round_host_time.py --model DIR --head DIR [--caps 7] [--tree-nodes 0,15] [--prompts 2] [--max-new-tokens 128]
+
+The pipelined loops (engine/pipeline.py, engine/tree_pipeline.py) build round r+1 while the device
+computes round r, then read round r's verdict. If building a round takes the host longer than the
+device takes to compute one, the device idles between rounds and the round costs the host's time,
+whatever its kernels cost. This times, per round, the host's building (InFlight.drive's `build`)
+and its reading (InFlight.read: mostly waiting for the verdict, then streaming the text): a read
+that hardly waits says the host bounds the loop. Beside them, plain decoding's rate in the same
+process (its step built while the previous one computes) and each arm's rate. The target goes
+through the rows kernel where the engine routes it (rows_kernel.worth_routing) when it runs on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dspark_lab.engine import greedy_generate, load_target, speculative_generate  # noqa: E402
+from dspark_lab.engine import pipeline  # noqa: E402
+from dspark_lab.engine.drafters.load import load_dspark  # noqa: E402
+from dspark_lab.engine.kernels import cuda_available  # noqa: E402
+from dspark_lab.engine.text import encode_prompt  # noqa: E402
+from dspark_lab.lab.prompts import load_prompt_sets  # noqa: E402
+
+TIMES: dict[str, list[float]] = {"build": [], "read": []}
+
+
+def _timed(name: str, fn):
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        TIMES[name].append(time.perf_counter() - t)
+        return out
+    return wrapper
+
+
+def instrument() -> None:
+    """Time every build and read of every pipelined loop from now on."""
+    drive, read = pipeline.InFlight.drive, pipeline.InFlight.read
+
+    def timed_drive(self, build, prompt_tokens, mode):
+        return drive(self, _timed("build", build), prompt_tokens, mode)
+
+    pipeline.InFlight.drive = timed_drive
+    pipeline.InFlight.read = _timed("read", read)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--head", required=True)
+    ap.add_argument("--caps", default="7")
+    ap.add_argument("--tree-nodes", default="0,15", help="0: the chain; N: trees of N nodes as deep as the cap")
+    ap.add_argument("--prompts", type=int, default=2, help="the first N prompts of each built-in set")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default=None, help="load the target in this precision (float32 on a CPU)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    target, tok = load_target(a.model, dtype=a.dtype)
+    if cuda_available():
+        from dspark_lab.engine.rows_kernel import quantized_rows_matmul
+
+        print(f"rows kernel: {target.route_quantized_rows(quantized_rows_matmul())} layers routed", flush=True)
+    head = load_dspark(a.head, target, bits=16)
+    instrument()
+    prompts = [p for s in load_prompt_sets("code,math,chat", limit=a.prompts) for p in s.prompts]
+    arms = [(cap, nodes) for cap in (int(c) for c in a.caps.split(",")) for nodes in (int(n) for n in a.tree_nodes.split(","))]
+
+    def run(ids, cap, nodes, n):
+        return speculative_generate(target, tok, head, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True,
+                                    compile_draft=True, tree_nodes=nodes)
+
+    warm = encode_prompt(tok, prompts[0].as_input())
+    greedy_generate(target, tok, warm, max_new_tokens=32)
+    for cap, nodes in arms:
+        run(warm, cap, nodes, 32)
+    report = []
+    for p in prompts:
+        ids = encode_prompt(tok, p.as_input())
+        g = greedy_generate(target, tok, ids, max_new_tokens=a.max_new_tokens)
+        for cap, nodes in arms:
+            for v in TIMES.values():
+                v.clear()
+            r = run(ids, cap, nodes, a.max_new_tokens)
+            build, read = statistics.median(TIMES["build"]) * 1e3, statistics.median(TIMES["read"]) * 1e3
+            row = {"prompt": p.id, "cap": cap, "nodes": nodes, "greedy_ms_per_token": 1e3 / g.decode_tokens_per_sec,
+                   "round_ms": r.mean_accept_len / r.decode_tokens_per_sec * 1e3, "build_ms": build, "read_ms": read,
+                   "accept": r.mean_accept_len, "over_greedy": r.decode_tokens_per_sec / g.decode_tokens_per_sec}
+            report.append(row)
+            print(f"{p.id} cap {cap} {'chain' if not nodes else f'tree {nodes}'}: round {row['round_ms']:.2f} ms "
+                  f"(greedy step {row['greedy_ms_per_token']:.2f}); host builds {build:.2f} ms, reads {read:.2f} ms "
+                  f"(median a round); accept {r.mean_accept_len:.2f}, {row['over_greedy']:.2f}x greedy", flush=True)
+    for cap, nodes in arms:
+        rows = [r for r in report if r["cap"] == cap and r["nodes"] == nodes]
+        print(f"cap {cap} {'chain' if not nodes else f'tree {nodes}'}: median round "
+              f"{statistics.median(r['round_ms'] for r in rows):.2f} ms, build {statistics.median(r['build_ms'] for r in rows):.2f}, "
+              f"read {statistics.median(r['read_ms'] for r in rows):.2f}; greedy step "
+              f"{statistics.median(r['greedy_ms_per_token'] for r in rows):.2f} ms", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
