@@ -7,7 +7,9 @@ computes round r, then read round r's verdict. If building a round takes the hos
 device takes to compute one, the device idles between rounds and the round costs the host's time,
 whatever its kernels cost. This times, per round, the host's building (InFlight.drive's `build`)
 and its reading (InFlight.read: mostly waiting for the verdict, then streaming the text): a read
-that hardly waits says the host bounds the loop. Beside them, plain decoding's rate in the same
+that hardly waits says the host bounds the loop. Within a build, `mx.async_eval` (the lazy graph
+handed to the device: its kernels encoded and launched) is timed apart from the Python that builds
+the graph. Beside them, plain decoding's rate in the same
 process (its step built while the previous one computes) and each arm's rate. The target goes
 through the rows kernel where the engine routes it (rows_kernel.worth_routing) when it runs on CUDA.
 """
@@ -23,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import mlx.core as mx  # noqa: E402
+
 from dspark_lab.engine import greedy_generate, load_target, speculative_generate  # noqa: E402
 from dspark_lab.engine import pipeline  # noqa: E402
 from dspark_lab.engine.drafters.load import load_dspark  # noqa: E402
@@ -30,7 +34,7 @@ from dspark_lab.engine.kernels import cuda_available  # noqa: E402
 from dspark_lab.engine.text import encode_prompt  # noqa: E402
 from dspark_lab.lab.prompts import load_prompt_sets  # noqa: E402
 
-TIMES: dict[str, list[float]] = {"build": [], "read": []}
+TIMES: dict[str, list[float]] = {"build": [], "read": [], "launch": []}
 
 
 def _timed(name: str, fn):
@@ -51,6 +55,9 @@ def instrument() -> None:
 
     pipeline.InFlight.drive = timed_drive
     pipeline.InFlight.read = _timed("read", read)
+    # Inside a build, the lazy graph's hand-over to the device (encoding and launching its kernels),
+    # apart from the Python that builds the graph.
+    mx.async_eval = _timed("launch", mx.async_eval)
 
 
 def main() -> None:
@@ -91,17 +98,19 @@ def main() -> None:
                 v.clear()
             r = run(ids, cap, nodes, a.max_new_tokens)
             build, read = statistics.median(TIMES["build"]) * 1e3, statistics.median(TIMES["read"]) * 1e3
+            launch = statistics.median(TIMES["launch"]) * 1e3
             row = {"prompt": p.id, "cap": cap, "nodes": nodes, "greedy_ms_per_token": 1e3 / g.decode_tokens_per_sec,
-                   "round_ms": r.mean_accept_len / r.decode_tokens_per_sec * 1e3, "build_ms": build, "read_ms": read,
+                   "round_ms": r.mean_accept_len / r.decode_tokens_per_sec * 1e3, "build_ms": build, "launch_ms": launch, "read_ms": read,
                    "accept": r.mean_accept_len, "over_greedy": r.decode_tokens_per_sec / g.decode_tokens_per_sec}
             report.append(row)
             print(f"{p.id} cap {cap} {'chain' if not nodes else f'tree {nodes}'}: round {row['round_ms']:.2f} ms "
-                  f"(greedy step {row['greedy_ms_per_token']:.2f}); host builds {build:.2f} ms, reads {read:.2f} ms "
+                  f"(greedy step {row['greedy_ms_per_token']:.2f}); host builds {build:.2f} ms (launching {launch:.2f}), reads {read:.2f} ms "
                   f"(median a round); accept {r.mean_accept_len:.2f}, {row['over_greedy']:.2f}x greedy", flush=True)
     for cap, nodes in arms:
         rows = [r for r in report if r["cap"] == cap and r["nodes"] == nodes]
         print(f"cap {cap} {'chain' if not nodes else f'tree {nodes}'}: median round "
-              f"{statistics.median(r['round_ms'] for r in rows):.2f} ms, build {statistics.median(r['build_ms'] for r in rows):.2f}, "
+              f"{statistics.median(r['round_ms'] for r in rows):.2f} ms, build {statistics.median(r['build_ms'] for r in rows):.2f} "
+              f"(launching {statistics.median(r['launch_ms'] for r in rows):.2f}), "
               f"read {statistics.median(r['read_ms'] for r in rows):.2f}; greedy step "
               f"{statistics.median(r['greedy_ms_per_token'] for r in rows):.2f} ms", flush=True)
     if a.json:
