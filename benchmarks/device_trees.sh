@@ -8,7 +8,7 @@
 #   OUT=$OUT bash benchmarks/device_trees.sh sweep NAME [--resume]   the lab's sweep of the routed
 #       copy: the chain and trees of NODES (default 15) at caps CAPS (default 5,7), 8 prompts a set,
 #       2 trials, stopped 580 s into the call (a sweep keeps every finished trial: --resume goes on)
-#       -> OUT/sweep_trees_NAME.{json,log}
+#       -> OUT/sweep_trees_NAME.{json,log}  (not run yet: the bench found the trees no faster)
 # NAME is qwen15 or qwen05 (/root/ship/NAME/...; HEADS overrides /root/ship/data/heads; KEEP, default
 # /root, holds what a later call on the same machine reads: the sweep's database and log).
 set -o pipefail
