@@ -273,11 +273,13 @@ def load_heads(args, targets: dict) -> dict:
     return heads
 
 
-def parse_tree(spec: str, default_depth: int) -> tuple[int, int, bool]:
-    """--tree-pipe's NODES[@DEPTH][+lk] -> (nodes, depth, with the lookup chain)."""
-    spec, lookup = spec.strip().removesuffix("+lk"), spec.strip().endswith("+lk")
-    nodes, _, depth = spec.partition("@")
-    return int(nodes), int(depth) if depth else default_depth, lookup
+def parse_tree(spec: str, default_depth: int) -> tuple[int, int, bool, str]:
+    """--tree-pipe's NODES[@DEPTH][+lk] -> (nodes, depth, with the lookup chain, the arm's name:
+    tree16 for "16" as before depths were given, tree15d7 for "15@7", tree8d7lk for "8@7+lk")."""
+    spec = spec.strip()
+    bare, lookup = spec.removesuffix("+lk"), spec.endswith("+lk")
+    nodes, _, depth = bare.partition("@")
+    return int(nodes), int(depth) if depth else default_depth, lookup, "tree" + bare.replace("@", "d") + ("lk" if lookup else "")
 
 
 def decode_side_by_side(args, targets: dict, heads: dict, tok) -> list[dict]:
@@ -296,8 +298,8 @@ def decode_side_by_side(args, targets: dict, heads: dict, tok) -> list[dict]:
         for cap in caps:
             yield f"pipe{cap}-{name}", lambda cap=cap: speculative_generate(
                 t, tok, h, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True, compile_draft=True)
-        for nodes, depth, lookup in trees:
-            yield f"tree{nodes}d{depth}{'lk' if lookup else ''}-pipe-{name}", lambda nodes=nodes, depth=depth, lookup=lookup: (
+        for nodes, depth, lookup, label in trees:
+            yield f"{label}-pipe-{name}", lambda nodes=nodes, depth=depth, lookup=lookup: (
                 speculative_generate(t, tok, h, ids, max_new_tokens=n, max_draft_tokens=depth, pipeline=True, compile_draft=True,
                                      tree_nodes=nodes, lookup_drafts=lookup))
 

@@ -359,7 +359,7 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     out = tmp_path / "rows.json"
     monkeypatch.setattr(sys, "argv", ["rows_kernel.py", "--model", str(model), "--head", str(head), "--reference",
                                       "--dtype", "bfloat16", "--rows", "1,9", "--widths", "1,8", "--repeats", "1",
-                                      "--prompts", "1", "--max-new-tokens", "8", "--tree-pipe", "4", "--caps", "4",
+                                      "--prompts", "1", "--max-new-tokens", "8", "--tree-pipe", "4,3@2+lk", "--caps", "4",
                                       "--every-width", "--json", str(out)])
     load_script("rows_kernel").main()
     report = json.loads(out.read_text())
@@ -367,7 +367,8 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
                                     for e in report["layers"].values() for r in (1, 9) for layout in ("words", "wide"))
     assert set(report["forward"]) == {"1", "8"}
     arms = {r["arm"] for r in report["decode"]}
-    assert arms == {f"{a}-{c}" for a in ("greedy", "pipe4", "tree4-pipe") for c in ("mlx", "kernel")}
+    # A tree named by its nodes alone is as deep as the first cap; NODES@DEPTH+lk names both and the lookup chain.
+    assert arms == {f"{a}-{c}" for a in ("greedy", "pipe4", "tree4-pipe", "tree3d2lk-pipe") for c in ("mlx", "kernel")}
     assert all(r["equals_own_greedy"] for r in report["decode"])  # routed at every width: the kernel's own arithmetic
     # Random layers of given shapes, products only: no model to ship to time a model's shapes.
     out = tmp_path / "shapes.json"
@@ -400,7 +401,12 @@ def test_the_device_benchmarks_run_here_through_the_stand_in(tmp_path, monkeypat
     argv = ["rows_kernel.py", "--model", str(model), "--head", str(head), "--reference", "--rows", "1", "--widths", "1",
             "--repeats", "1", "--caps", "3,99", "--json", str(out)]
     monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit, match=r"--caps 99: the head at .* drafts 1\.\.\d+ tokens a round"):
+    with pytest.raises(SystemExit, match=r"--caps / --tree-pipe depths 99: the head at .* drafts 1\.\.\d+ tokens a round"):
+        load_script("rows_kernel").main()
+    assert not out.exists()
+    # So does a tree deeper than the head drafts (NODES@DEPTH), whatever the caps.
+    monkeypatch.setattr(sys, "argv", argv[:-4] + ["--caps", "3", "--tree-pipe", "4@99+lk", "--json", str(out)])
+    with pytest.raises(SystemExit, match=r"depths 99: the head"):
         load_script("rows_kernel").main()
     assert not out.exists()
     out = tmp_path / "parts.json"
