@@ -265,12 +265,17 @@ def load_heads(args, targets: dict) -> dict:
 
     heads = {name: load_dspark(args.head, t, bits=16) for name, t in targets.items()}
     limit = next(iter(heads.values())).config.max_drafts
-    caps = [int(c) for c in args.caps.split(",") if c.strip()]
-    depths = [parse_tree(t, caps[0])[1] for t in args.tree_pipe.split(",") if t.strip()]
-    over = [c for c in caps + depths if not 1 <= c <= limit]
+    caps, trees = decode_arms(args)
+    over = [c for c in caps + [depth for _, depth, _, _ in trees] if not 1 <= c <= limit]
     if over:
         raise SystemExit(f"--caps / --tree-pipe depths {','.join(map(str, over))}: the head at {args.head} drafts 1..{limit} tokens a round")
     return heads
+
+
+def decode_arms(args) -> tuple[list[int], list[tuple[int, int, bool, str]]]:
+    """--caps and --tree-pipe parsed: (the chain's caps, parse_tree's tuple for each tree)."""
+    caps = [int(c) for c in args.caps.split(",") if c.strip()]
+    return caps, [parse_tree(t, caps[0]) for t in args.tree_pipe.split(",") if t.strip()]
 
 
 def parse_tree(spec: str, default_depth: int) -> tuple[int, int, bool, str]:
@@ -287,8 +292,7 @@ def decode_side_by_side(args, targets: dict, heads: dict, tok) -> list[dict]:
     from dspark_lab.engine.text import encode_prompt
     from dspark_lab.lab.prompts import load_prompt_sets
 
-    caps = [int(c) for c in args.caps.split(",") if c.strip()]
-    trees = [parse_tree(t, caps[0]) for t in args.tree_pipe.split(",") if t.strip()]
+    caps, trees = decode_arms(args)
 
     def arms(name, ids, n):
         t, h = targets[name], heads[name]
