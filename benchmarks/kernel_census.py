@@ -1,0 +1,159 @@
+"""Which kernels a plain step and a pipelined round launch on CUDA, by name, and what launching
+them costs the host.
+
+    python benchmarks/kernel_census.py --model DIR --head DIR [--caps 7] [--tree-nodes 0,15] [--dots OUT_DIR]
+
+The pipelined loop is bound by the host's launching (docs/performance.md, forty-eighth round), so
+a round costs about what its kernels cost to launch. MLX's CUDA backend records every kernel it
+launches into CUDA graphs; with MLX_SAVE_CUDA_GRAPHS_DOT_FILE set it writes each graph it
+launches as a dot file. This script sets it (before MLX loads), runs each arm at two lengths and
+counts the kernel nodes of the graphs written in between: the difference over the difference in
+steps (plain decoding) or rounds (speculative arms) is the kernels of one step or round, by name,
+without the prefill's. With --launch-time it writes no dot files (writing them slows the host) and
+times instead the host's `mx.async_eval` per step or round (its kernels encoded and launched), to
+set beside a census run's counts. A CUDA machine only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+DOTS = Path(os.environ.get("CENSUS_DOTS") or tempfile.mkdtemp(prefix="census-"))
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Label of a graph node in cudaGraphDebugDotPrint's output: label="..." (possibly over lines).
+LABEL = re.compile(r'label="((?:[^"\\]|\\.)*)"', re.S)
+
+
+def kernel_name(label: str) -> str | None:
+    """The short name of the kernel a node label names, or None when the node is not a kernel."""
+    if "KERNEL" not in label:
+        return None
+    lines = [s.strip() for s in re.split(r"\\n|\n|\|", label) if s.strip()]
+    for s in lines:
+        if "(" in s or "<" in s or s.startswith("void"):
+            s = s.removeprefix("void ").strip()
+            s = re.split(r"[<(]", s, maxsplit=1)[0]
+            return s.split("::")[-1] or s
+    after = lines[lines.index("KERNEL") + 1:] if "KERNEL" in lines else []
+    return after[0] if after else "kernel"
+
+
+def census(files: list[Path]) -> Counter:
+    names: Counter = Counter()
+    for f in files:
+        for label in LABEL.findall(f.read_text(errors="replace")):
+            name = kernel_name(label)
+            if name:
+                names[name] += 1
+    return names
+
+
+def written() -> list[Path]:
+    return sorted(DOTS.glob("g_*.dot"), key=lambda p: int(p.stem.split("_")[-1]))
+
+
+def counted(run) -> tuple[Counter, object]:
+    """Kernels launched by run() (its graphs written as dot files), and its result."""
+    import mlx.core as mx
+
+    mx.synchronize()
+    before = len(written())
+    out = run()
+    mx.synchronize()
+    return census(written()[before:]), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--head", required=True)
+    ap.add_argument("--caps", default="7")
+    ap.add_argument("--tree-nodes", default="0,15", help="0: the chain; N: a tree of N nodes as deep as the cap")
+    ap.add_argument("--short", type=int, default=24, help="tokens of the shorter run of each pair")
+    ap.add_argument("--long", type=int, default=88, help="tokens of the longer run")
+    ap.add_argument("--unrouted", action="store_true", help="leave the products unrouted (the rows kernel off)")
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--keep", type=int, default=3, help="raw dot files of the last run copied to --dots")
+    ap.add_argument("--dots", default=None, help="folder for a few raw dot files (review the parser)")
+    ap.add_argument("--launch-time", action="store_true", help="no census: time mx.async_eval a step or round")
+    a = ap.parse_args()
+    if not a.launch_time:
+        os.environ["MLX_SAVE_CUDA_GRAPHS_DOT_FILE"] = str(DOTS / "g")
+
+    import mlx.core as mx
+
+    from dspark_lab.engine import greedy_generate, load_target, speculative_generate
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.engine.kernels import cuda_available
+    from dspark_lab.engine.text import encode_prompt
+    from dspark_lab.lab.prompts import load_prompt_sets
+
+    if not cuda_available():
+        sys.exit("kernel_census.py counts the CUDA graphs MLX launches: run it on a CUDA machine.")
+    target, tok = load_target(a.model)
+    if not a.unrouted:
+        from dspark_lab.engine.rows_kernel import quantized_rows_matmul
+
+        print(f"rows kernel: {target.route_quantized_rows(quantized_rows_matmul())} layers routed", flush=True)
+    head = load_dspark(a.head, target, bits=16)
+    prompt = load_prompt_sets("code", limit=1)[0].prompts[0]
+    ids = encode_prompt(tok, prompt.as_input())
+    arms = [("greedy", None, None)] + [(f"{'chain' if not n else f'tree{n}'}@{c}", c, n)
+                                      for c in (int(x) for x in a.caps.split(",")) for n in (int(x) for x in a.tree_nodes.split(","))]
+
+    def go(cap, nodes, n):
+        if cap is None:
+            return greedy_generate(target, tok, ids, max_new_tokens=n)
+        return speculative_generate(target, tok, head, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True,
+                                    compile_draft=True, tree_nodes=nodes)
+
+    for _, cap, nodes in arms:  # warm up: every kernel JIT-compiled, every trace made
+        go(cap, nodes, a.long)
+    launch_time: list[float] = []
+    real_async_eval = mx.async_eval
+
+    def timed_async_eval(*args):
+        import time
+
+        t = time.perf_counter()
+        real_async_eval(*args)
+        launch_time.append(time.perf_counter() - t)
+
+    for name, cap, nodes in arms:
+        unit = "step" if cap is None else "round"
+        if a.launch_time:
+            mx.async_eval = timed_async_eval
+            launch_time.clear()
+            r = go(cap, nodes, a.long)
+            mx.async_eval = real_async_eval
+            ms = sorted(launch_time)[len(launch_time) // 2] * 1e3
+            per_token, accept = 1e3 / r.decode_tokens_per_sec, (r.mean_accept_len if cap else 1.0)
+            print(f"{name}: mx.async_eval median {ms:.2f} ms a call; {per_token * accept:.2f} ms a {unit}"
+                  f" ({per_token:.2f} a token, accept {accept:.2f})", flush=True)
+            continue
+        short, r_short = counted(lambda: go(cap, nodes, a.short))
+        long, r_long = counted(lambda: go(cap, nodes, a.long))
+        steps = (r_long.num_tokens - r_short.num_tokens) if cap is None else (r_long.num_rounds - r_short.num_rounds)
+        per = Counter({k: (long[k] - short[k]) / steps for k in long | short})
+        extra = "" if cap is None else f", accept {r_long.mean_accept_len:.2f}"
+        print(f"\n{name}: {sum(per.values()):.1f} kernels a {unit} ({steps} {unit}s apart{extra})", flush=True)
+        for k, v in sorted(per.items(), key=lambda kv: -kv[1])[: a.top]:
+            if abs(v) >= 0.05:
+                print(f"  {v:7.2f}  {k}")
+    if a.dots:
+        out = Path(a.dots)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in written()[-a.keep:]:
+            (out / f.name).write_bytes(f.read_bytes())
+
+
+if __name__ == "__main__":
+    main()
