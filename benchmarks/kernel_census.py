@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 DOTS = Path(os.environ.get("CENSUS_DOTS") or tempfile.mkdtemp(prefix="census-"))
+DOTS.mkdir(parents=True, exist_ok=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,17 +34,27 @@ LABEL = re.compile(r'label="((?:[^"\\]|\\.)*)"', re.S)
 
 
 def kernel_name(label: str) -> str | None:
-    """The short name of the kernel a node label names, or None when the node is not a kernel."""
-    if "KERNEL" not in label:
+    """The short name of the kernel a node label ("INDEX\nMANGLED NAME") names; "child graph" for a
+    child graph's node (cuDNN's and cuBLAS's, whose own kernels the file lists apart), None for
+    any other node."""
+    lines = [s.strip() for s in label.splitlines() if s.strip()]
+    name = lines[-1] if lines else ""
+    if name.startswith("graph_"):
+        return "child graph"
+    if not name.startswith("_Z"):
         return None
-    lines = [s.strip() for s in re.split(r"\\n|\n|\|", label) if s.strip()]
-    for s in lines:
-        if "(" in s or "<" in s or s.startswith("void"):
-            s = s.removeprefix("void ").strip()
-            s = re.split(r"[<(]", s, maxsplit=1)[0]
-            return s.split("::")[-1] or s
-    after = lines[lines.index("KERNEL") + 1:] if "KERNEL" in lines else []
-    return after[0] if after else "kernel"
+    # Itanium mangling: _ZN <len><id> <len><id> ... ; the kernel is the last identifier before a
+    # template's arguments (I) or the name's end (E): mlx::core::cu::rope<...> -> rope.
+    parts, i = [], 3 if name.startswith("_ZN") else 2
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while name[j].isdigit():
+            j += 1
+        n = int(name[i:j])
+        parts.append(name[j:j + n])
+        i = j + n
+    short = parts[-1] if parts else name
+    return re.sub(r"_\d{12,}", "", short)  # a fused kernel's name ends in its graph's hash
 
 
 def census(files: list[Path]) -> Counter:
