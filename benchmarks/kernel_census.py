@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--keep", type=int, default=3, help="raw dot files of the last run copied to --dots")
     ap.add_argument("--dots", default=None, help="folder for a few raw dot files (review the parser)")
     ap.add_argument("--launch-time", action="store_true", help="no census: time mx.async_eval a step or round")
+    ap.add_argument("--cuts", default="", help="attn and/or move (benchmarks/launch_cuts.py): the target so set")
     a = ap.parse_args()
     if not a.launch_time:
         os.environ["MLX_SAVE_CUDA_GRAPHS_DOT_FILE"] = str(DOTS / "g")
@@ -114,6 +115,18 @@ def main() -> None:
         from dspark_lab.engine.rows_kernel import quantized_rows_matmul
 
         print(f"rows kernel: {target.route_quantized_rows(quantized_rows_matmul())} layers routed", flush=True)
+    cuts = set(filter(None, a.cuts.split(",")))
+    if cuts:
+        target.check_offset_forward()  # the once-a-model checks compare with MLX's attention: before routing
+        target.check_tree_forward()
+    if "attn" in cuts:
+        from dspark_lab.engine.attention_kernel import rows_attention
+
+        target.route_attention(rows_attention(), policy=lambda rows: rows > 1)
+    if "move" in cuts:
+        from dspark_lab.engine.cache_move import cache_move_kernel
+
+        target.move_tree_paths_with(cache_move_kernel())
     head = load_dspark(a.head, target, bits=16)
     prompt = load_prompt_sets("code", limit=1)[0].prompts[0]
     ids = encode_prompt(tok, prompt.as_input())

@@ -348,3 +348,77 @@ def test_the_cli_steps_plain_decoding_through_the_kernel_as_asked_or_probed(head
     unforced = CliRunner().invoke(app, args + ["--no-attention-kernel"])
     assert forced.exit_code == 0 and unforced.exit_code == 0
     assert forced.stdout.splitlines()[0] == unforced.stdout.splitlines()[0]  # the same text decoded
+
+
+def _numpy_tree_attention(q, k, v, offset, scale, ancestors):
+    heads, rows, d = q.shape[1:]
+    groups = heads // k.shape[1]
+    out = np.zeros(q.shape, dtype=np.float64)
+    for h in range(heads):
+        for r in range(rows):
+            seen = list(range(offset)) + [offset + j for j in range(rows) if ancestors[r, j]]
+            keys, values = k[0, h // groups, seen], v[0, h // groups, seen]
+            s = keys @ q[0, h, r] * scale
+            p = np.exp(s - s.max())
+            out[0, h, r] = (p / p.sum()) @ values
+    return out
+
+
+def test_the_tree_reference_lets_each_row_see_the_cache_and_its_ancestors_only():
+    """A tree's rows (written at the offset): row r sees the positions before the offset and the
+    rows `ancestors[r]` marks, never its siblings, cousins or the stale positions past the tree."""
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 4, 5, 32)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 32, 32)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 32, 32)).astype(np.float32)
+    k[:, :, 17:] = 1e3  # past the tree's rows: garbage
+    parent = [-1, 0, 0, 1, 2]  # two branches
+    ancestors = np.eye(5, dtype=bool)
+    for r in range(5):
+        p = parent[r]
+        while p >= 0:
+            ancestors[r, p], p = True, parent[p]
+    got = attention_kernel.reference_rows_attention(mx.array(q), mx.array(k), mx.array(v), mx.array(12, dtype=mx.int32), 0.3,
+                                                    ancestors=mx.array(ancestors))
+    np.testing.assert_allclose(np.array(got), _numpy_tree_attention(q, k, v, 12, 0.3, ancestors), rtol=1e-5, atol=1e-5)
+    chain = attention_kernel.reference_rows_attention(mx.array(q), mx.array(k), mx.array(v), mx.array(12, dtype=mx.int32), 0.3,
+                                                      ancestors=mx.array(np.tril(np.ones((5, 5), dtype=bool))))
+    plain = attention_kernel.reference_rows_attention(mx.array(q), mx.array(k), mx.array(v), mx.array(12, dtype=mx.int32), 0.3)
+    assert mx.array_equal(chain, plain)  # a chain is the tree whose every row descends from the one before
+
+
+class CountingTrees(Counting):
+    """The reference standing in for the kernel, recording which calls came with a tree's ancestors."""
+
+    def __init__(self):
+        super().__init__()
+        self.trees = 0
+
+    def __call__(self, q, k, v, offset, scale, ancestors=None):
+        self.shapes.append(tuple(q.shape))
+        self.trees += ancestors is not None
+        return attention_kernel.reference_rows_attention(q, k, v, offset, scale, ancestors=ancestors)
+
+
+def test_a_routed_pipelined_tree_takes_the_kernel_with_its_ancestors_and_stays_lossless(head_dim_32, tmp_path):
+    """The pipelined tree round's verify, its attention routed at its width: the kernel gets the
+    tree's ancestors (not the mask: the kernel builds no mask) and the tokens stay the greedy ones."""
+    from conftest import PROMPTS
+    from dspark_lab import greedy_generate, load_target, speculative_generate
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.tiny import build_tiny_dspark
+
+    target, tok = load_target(head_dim_32, dtype="bfloat16")
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", head_dim_32, markov_rank=0), target)
+    # The once-a-model checks compare the offset and tree forwards with plain ones, here the float32
+    # stand-in against MLX's bfloat16 attention on the CPU (its rounding): checked before routing.
+    target.check_offset_forward()
+    target.check_tree_forward()
+    kernel = CountingTrees()
+    target.route_attention(kernel, policy=lambda rows: rows > 1)
+    for prompt in PROMPTS[:3]:
+        ids = tok.encode(prompt)
+        want = greedy_generate(target, tok, ids, max_new_tokens=16).token_ids
+        got = speculative_generate(target, tok, head, ids, max_new_tokens=16, max_draft_tokens=4, tree_nodes=8, pipeline=True)
+        assert got.token_ids == want, prompt
+    assert kernel.trees > 0 and all(s[2] > 1 for s in kernel.shapes)

@@ -43,7 +43,8 @@ _SOURCE = """
     const int kv = h / GROUPS;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int visible = min(offset[0] + r + 1, T);
+    const int first = offset[0];
+    const int visible = min(VISIBLE_END, T);
     const float sc = scale[0];
     __shared__ float part_m[WARPS];
     __shared__ float part_l[WARPS];
@@ -61,6 +62,7 @@ _SOURCE = """
     float l = 0.0f;
     const size_t base = (size_t)kv * T * D + lane * PER_LANE;
     for (int t = warp; t < visible; t += WARPS) {
+        if (HIDDEN) continue;  // the same for every lane of the warp: the shuffle below stays whole
         const __nv_bfloat16* kp = k + base + (size_t)t * D;
         float s = 0.0f;
         #pragma unroll
@@ -99,6 +101,11 @@ _SOURCE = """
     }
 """
 
+# Row r of a chain sees every position up to its own; row r of a tree every position before the
+# tree's first row and, among the tree's rows, those ancestors[r] marks (its ancestors and itself).
+_CHAIN = _SOURCE.replace("VISIBLE_END", "first + r + 1").replace("HIDDEN", "false")
+_TREE = _SOURCE.replace("VISIBLE_END", "first + W").replace("HIDDEN", "t >= first && !ancestors[r * W + (t - first)]")
+
 _built: dict[str, object] = {}
 
 
@@ -121,21 +128,30 @@ def supports(q: mx.array, k: mx.array, v: mx.array) -> str | None:
 def rows_attention() -> Callable[..., mx.array]:
     """attention(q, k, v, offset, scale) -> softmax(scale * q k^T, row r seeing positions
     0..offset + r) v, for what `supports` accepts; `offset` an int32 array (shape () or (1,)).
+    With `ancestors` (rows x rows, boolean) the rows are a draft tree's, written at the offset:
+    row r sees the positions before the offset and the tree rows ancestors[r] marks.
     Raises RuntimeError off CUDA."""
     if not cuda_available():
         raise RuntimeError("no CUDA backend on this device (the rows attention kernel is written for MLX's CUDA backend)")
     if "attention" not in _built:
         _built["attention"] = mx.fast.cuda_kernel(name="dspark_rows_attention",
                                                   input_names=["q", "k", "v", "offset", "scale"],
-                                                  output_names=["out"], source=_SOURCE)
-    kernel = _built["attention"]
+                                                  output_names=["out"], source=_CHAIN)
+        _built["tree"] = mx.fast.cuda_kernel(name="dspark_tree_attention",
+                                             input_names=["q", "k", "v", "offset", "scale", "ancestors"],
+                                             output_names=["out"], source=_TREE)
 
-    def attention(q: mx.array, k: mx.array, v: mx.array, offset: mx.array, scale: float) -> mx.array:
+    def attention(q: mx.array, k: mx.array, v: mx.array, offset: mx.array, scale: float,
+                  ancestors: mx.array | None = None) -> mx.array:
         _, heads, rows, d = q.shape
         kv, positions = k.shape[1], k.shape[2]
-        (out,) = kernel(inputs=[q.reshape(heads, rows, d), k.reshape(kv, positions, d), v.reshape(kv, positions, d),
-                                offset.reshape(1).astype(mx.int32), mx.array([scale], dtype=mx.float32)],
-                        template=[("D", d), ("GROUPS", heads // kv), ("W", rows), ("WARPS", WARPS)],
+        inputs = [q.reshape(heads, rows, d), k.reshape(kv, positions, d), v.reshape(kv, positions, d),
+                  offset.reshape(1).astype(mx.int32), mx.array([scale], dtype=mx.float32)]
+        kernel = _built["attention"]
+        if ancestors is not None:
+            kernel = _built["tree"]
+            inputs.append(ancestors.astype(mx.uint8))
+        (out,) = kernel(inputs=inputs, template=[("D", d), ("GROUPS", heads // kv), ("W", rows), ("WARPS", WARPS)],
                         grid=(heads * rows * WARPS * 32, 1, 1), threadgroup=(WARPS * 32, 1, 1),
                         output_shapes=[(heads, rows, d)], output_dtypes=[q.dtype])
         return out.reshape(1, heads, rows, d)
@@ -143,14 +159,19 @@ def rows_attention() -> Callable[..., mx.array]:
     return attention
 
 
-def reference_rows_attention(q: mx.array, k: mx.array, v: mx.array, offset: mx.array, scale: float) -> mx.array:
+def reference_rows_attention(q: mx.array, k: mx.array, v: mx.array, offset: mx.array, scale: float,
+                             ancestors: mx.array | None = None) -> mx.array:
     """The same attention in float32 MLX operations (the CPU's stand-in for the kernel, and what
     its results are checked against)."""
     _, heads, rows, d = q.shape
     kv, positions = k.shape[1], k.shape[2]
     qg = (q.astype(mx.float32) * scale).reshape(1, kv, heads // kv, rows, d)
     scores = qg @ k.astype(mx.float32)[:, :, None].swapaxes(-1, -2)
-    visible = mx.arange(positions)[None] <= offset.reshape(()) + mx.arange(rows)[:, None]
+    if ancestors is None:
+        visible = mx.arange(positions)[None] <= offset.reshape(()) + mx.arange(rows)[:, None]
+    else:
+        rel = mx.arange(positions) - offset.reshape(())  # each key's place among the tree's rows
+        visible = (rel < 0)[None] | (mx.take(ancestors, mx.clip(rel, 0, rows - 1), axis=1) & (rel < rows)[None])
     scores = mx.where(visible, scores, mx.array(-float("inf"), mx.float32))
     out = mx.softmax(scores, axis=-1) @ v.astype(mx.float32)[:, :, None]
     return out.reshape(1, heads, rows, d).astype(q.dtype)

@@ -29,6 +29,7 @@ import mlx.core as mx
 
 from ..errors import InputError
 from .cache import BucketedKVCache
+from .cache_move import moved_by_operations
 from .sampling import SamplingParams, residual_sample, target_probs, tree_sampled_choice
 
 # Widest input the compiled path takes (pending token + drafts); prefill goes uncompiled.
@@ -56,9 +57,11 @@ def _routed_attention(original):
     from .attention_kernel import supports
 
     def attention(q, k, v, *, scale, mask=None, sinks=None, **kwargs):
-        for m, offset in _routing.get("masks", ()):
+        for m, offset, ancestors in _routing.get("masks", ()):
             if mask is m and sinks is None and not kwargs and supports(q, k, v) is None:
-                return _routing["route"].kernel(q, k, v, offset, scale)
+                if ancestors is None:
+                    return _routing["route"].kernel(q, k, v, offset, scale)
+                return _routing["route"].kernel(q, k, v, offset, scale, ancestors=ancestors)
         return original(q, k, v, scale=scale, mask=mask, sinks=sinks, **kwargs)
 
     return attention
@@ -104,7 +107,7 @@ class ArrayOffsetKV:
         if window_size is not None:
             visible = visible & (k > q - window_size)
         elif "masks" in _routing:
-            _routing["masks"].append((visible, self.offset))  # a plain causal mask: the kernel's
+            _routing["masks"].append((visible, self.offset, None))  # a plain causal mask: the kernel's
         return visible
 
 
@@ -123,7 +126,10 @@ class TreeOffsetKV(ArrayOffsetKV):
             raise InputError("tree drafts do not support sliding-window attention. Leave tree_nodes at 0 for this model.")
         rel = mx.arange(self.keys.shape[2]) - self.offset  # each key's position relative to the tree's first row
         in_tree = mx.take(self.ancestors, mx.clip(rel, 0, N - 1), axis=1) & (rel < N)[None]
-        return (rel < 0)[None] | in_tree
+        visible = (rel < 0)[None] | in_tree
+        if "masks" in _routing:  # the kernel reads the ancestors instead (the mask then goes unused)
+            _routing["masks"].append((visible, self.offset, self.ancestors))
+        return visible
 
 
 def can_compile(cache: list) -> bool:
@@ -169,7 +175,8 @@ class OffsetForward:
         rec = t._recorder
         rec.wanted, rec.outputs, rec.positions = frozenset(taps), {}, offset + depth
         try:
-            hidden = t._inner(ids[None], cache=traced)
+            with _AttentionRouted(t.attention_route, ids.shape[0]):
+                hidden = t._inner(ids[None], cache=traced)
         finally:
             outs, rec.outputs, rec.wanted, rec.positions = rec.outputs, {}, frozenset(), None
         return t._logits(hidden[0]), [outs[i][0] for i in taps], [c.keys for c in traced], [c.values for c in traced]
@@ -211,10 +218,9 @@ class OffsetForward:
                     nxt = residual_sample(p[end], ids, tried & (parent == end))
                 on_path = ancestors[end][None] & (depth[None] == mx.arange(max_depth + 1)[:, None])
                 path = mx.argmax(on_path.astype(mx.int32), axis=1)  # the path's row at each depth (the root past its end)
-                rows = offset + path  # the kept rows move to follow the cache, in path order
-                at = offset.reshape(1)
-                keys = [mx.slice_update(k, mx.take(k, rows, axis=2), at, axes=(2,)) for k in keys]
-                values = [mx.slice_update(v, mx.take(v, rows, axis=2), at, axes=(2,)) for v in values]
+                # The kept rows move to follow the cache, in path order (Target.move_tree_paths_with).
+                moved = (self.target.tree_path_mover or moved_by_operations)([*keys, *values], offset, path)
+                keys, values = moved[: len(keys)], moved[len(keys):]
                 verdict = mx.concatenate([depth[end][None], nxt.reshape(1).astype(mx.int32), ids[path[1:]].astype(mx.int32)])
                 return verdict, [r[path] for r in tap_rows], keys, values
 

@@ -230,6 +230,7 @@ class Target:
         self._drop_offset_traces()
         self.rows_routed = False  # route_quantized_rows
         self.attention_route = None  # route_attention: compiled.AttentionRoute or None
+        self.tree_path_mover = None  # move_tree_paths_with: cache_move.cache_move_kernel() or None
         self._routing = None  # (matmul, policy) while routed: check_offset_forward puts it back after its check
 
     @property
@@ -316,6 +317,13 @@ class Target:
         from .compiled import AttentionRoute
 
         self.attention_route = None if kernel is None else AttentionRoute(kernel, policy or (lambda rows: rows == 1))
+        self._drop_offset_traces()
+
+    def move_tree_paths_with(self, mover) -> None:
+        """Move a pipelined tree round's kept path in the cache with `mover(arrays, offset, path)`
+        (engine/cache_move.py: one kernel for every layer's keys and values, where MLX's operations
+        launch about eight a layer); `None` puts MLX's operations back. Compiled traces are dropped."""
+        self.tree_path_mover = mover
         self._drop_offset_traces()
 
     # --- cache -------------------------------------------------------------------------------

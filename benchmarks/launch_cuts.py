@@ -1,0 +1,151 @@
+"""Kernel launches taken out of a pipelined round, decoding side by side (CUDA only).
+
+    python benchmarks/launch_cuts.py --model DIR --head DIR [--caps 7] [--tree-nodes 15] [--copies base,attn,move,attn+move]
+        [--prompts 2] [--max-new-tokens 128] [--json F]
+
+The pipelined loop is bound by the host's launching (docs/performance.md, forty-eighth round), and
+benchmarks/kernel_census.py counts what a round launches. Two cuts, each a setting of the target:
+`attn` sends the verify's attention (every width above one row, a tree's with its ancestors)
+through engine/attention_kernel.py, one kernel a layer where MLX's cuDNN attention is a child
+graph (and a memset) a layer; `move` moves a tree round's kept path with engine/cache_move.py's one
+kernel where MLX's operations launch about eight a layer. Each copy of the target (the engine's
+rows-kernel routing in all) is loaded apart with its own head; on each prompt (the first --prompts
+of code, math, chat) every copy decodes greedily, as the pipelined chain at each cap and as trees of
+each --tree-nodes as deep as the first cap, after a warm-up of every arm. Reported: each arm's
+decode rate over the base copy's greedy on the prompt, its accept, and whether its tokens equal its
+own copy's greedy. Before decoding, the kernels are checked against their references on the
+model's own shapes (the attention's largest difference; the move's bit for bit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+
+
+def check_kernels(target) -> dict:
+    """The attention kernel (chain and tree rows) and the move kernel against their references."""
+    from dspark_lab.engine.attention_kernel import reference_rows_attention, rows_attention
+    from dspark_lab.engine.cache_move import cache_move_kernel, moved_by_operations
+
+    cache = target.make_cache()
+    target.forward(mx.array([1, 2, 3], dtype=mx.uint32), cache)
+    args = target.model.args
+    heads, kv = args.num_attention_heads, args.num_key_value_heads
+    d = cache[0].keys.shape[-1]
+    key = mx.random.key(0)
+    out = {}
+    attention = rows_attention()
+    for rows in (8, 16):
+        q = mx.random.normal((1, heads, rows, d), key=key).astype(mx.bfloat16)
+        k, v = (mx.random.normal((1, kv, 512, d), key=mx.random.key(s)).astype(mx.bfloat16) for s in (1, 2))
+        offset = mx.array(300, dtype=mx.int32)
+        parent = [-1] + [(i - 1) // 2 for i in range(1, rows)]  # a binary tree
+        anc = [[False] * rows for _ in range(rows)]
+        for r in range(rows):
+            p = r
+            while p >= 0:
+                anc[r][p], p = True, parent[p]
+        ancestors = mx.array(anc)
+        for name, a in (("chain", None), ("tree", ancestors)):
+            got = attention(q, k, v, offset, d**-0.5, ancestors=a)
+            want = reference_rows_attention(q, k, v, offset, d**-0.5, ancestors=a)
+            out[f"attention {name} {rows} rows"] = (mx.abs(got.astype(mx.float32) - want.astype(mx.float32)).max()
+                                                   / mx.abs(want.astype(mx.float32)).max()).item()
+    arrays = [mx.random.normal((1, kv, 1024, d), key=mx.random.key(10 + i)).astype(mx.bfloat16) for i in range(2 * len(cache))]
+    path = mx.array([0, 3, 5, 6, 9, 0, 0, 0], dtype=mx.int32)
+    moved = cache_move_kernel()(arrays, mx.array(700, dtype=mx.int32), path)
+    want = moved_by_operations(arrays, mx.array(700, dtype=mx.int32), path)
+    out["move equal"] = all(mx.array_equal(a, b).item() for a, b in zip(moved, want))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--head", required=True)
+    ap.add_argument("--caps", default="7")
+    ap.add_argument("--tree-nodes", default="15")
+    ap.add_argument("--copies", default="base,attn,move,attn+move")
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+
+    from dspark_lab.engine import greedy_generate, load_target, speculative_generate
+    from dspark_lab.engine.attention_kernel import rows_attention
+    from dspark_lab.engine.cache_move import cache_move_kernel
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.engine.rows_kernel import quantized_rows_matmul
+    from dspark_lab.engine.text import encode_prompt
+    from dspark_lab.lab.prompts import load_prompt_sets
+
+    caps = [int(c) for c in a.caps.split(",")]
+    trees = [int(n) for n in a.tree_nodes.split(",") if n]
+    copies: dict = {}
+    for name in a.copies.split(","):
+        target, tok = load_target(a.model)
+        target.route_quantized_rows(quantized_rows_matmul())
+        # The once-a-model checks compare with MLX's own attention: run before any route is set.
+        target.check_offset_forward()
+        target.check_tree_forward()
+        cuts = set(name.split("+")) - {"base"}
+        if "attn" in cuts:
+            target.route_attention(rows_attention(), policy=lambda rows: rows > 1)
+        if "move" in cuts:
+            target.move_tree_paths_with(cache_move_kernel())
+        copies[name] = (target, load_dspark(a.head, target, bits=16))
+    checks = check_kernels(next(iter(copies.values()))[0])
+    print("kernel checks:", checks, flush=True)
+
+    def arms(name, ids, n):
+        t, h = copies[name]
+        yield f"greedy/{name}", lambda: greedy_generate(t, tok, ids, max_new_tokens=n)
+        for cap in caps:
+            yield f"chain{cap}/{name}", lambda cap=cap: speculative_generate(
+                t, tok, h, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True, compile_draft=True)
+            for nodes in trees:
+                yield f"tree{nodes}@{cap}/{name}", lambda cap=cap, nodes=nodes: speculative_generate(
+                    t, tok, h, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True, compile_draft=True, tree_nodes=nodes)
+
+    prompts = [p for s in load_prompt_sets("code,math,chat", limit=a.prompts) for p in s.prompts]
+    warm = encode_prompt(tok, prompts[0].as_input())
+    for name in copies:
+        for _, run in arms(name, warm, 48):
+            run()
+    rows = []
+    base_copy = next(iter(copies))
+    for p in prompts:
+        ids = encode_prompt(tok, p.as_input())
+        results = {arm: run() for name in copies for arm, run in arms(name, ids, a.max_new_tokens)}
+        base = results[f"greedy/{base_copy}"].decode_tokens_per_sec
+        for arm, r in results.items():
+            own = results["greedy/" + arm.split("/")[1]]
+            rows.append({"prompt": p.id, "set": p.domain, "arm": arm, "tok_s": round(r.decode_tokens_per_sec, 1),
+                         "over_greedy": round(r.decode_tokens_per_sec / base, 3), "accept": round(r.mean_accept_len, 2),
+                         "equals_own_greedy": r.token_ids == own.token_ids})
+        print(" ".join(f"{r['arm']} {r['over_greedy']:.2f}x{'' if r['equals_own_greedy'] else '*'}" for r in rows[-len(results):]),
+              f"({p.id}; * = parts from its own greedy)", flush=True)
+    print("\nmedian over each set's prompts, over the base copy's greedy (accept):")
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        cells = []
+        for domain in ("code", "math", "chat"):
+            picked = [r for r in rows if r["arm"] == arm and r["set"] == domain]
+            if picked:
+                cells.append(f"{domain} {statistics.median(r['over_greedy'] for r in picked):.2f}x "
+                             f"({statistics.median(r['accept'] for r in picked):.2f})")
+        same = sum(r["equals_own_greedy"] for r in rows if r["arm"] == arm)
+        print(f"  {arm:24s} " + "  ".join(cells) + f"  [{same}/{sum(r['arm'] == arm for r in rows)} equal own greedy]", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"checks": checks, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
