@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--keep", type=int, default=3, help="raw dot files of the last run copied to --dots")
     ap.add_argument("--dots", default=None, help="folder for a few raw dot files (review the parser)")
     ap.add_argument("--launch-time", action="store_true", help="no census: time mx.async_eval a step or round")
-    ap.add_argument("--cuts", default="", help="attn and/or move (benchmarks/launch_cuts.py): the target so set")
+    ap.add_argument("--cuts", default="", help="attn, write, move (benchmarks/launch_cuts.py): the target so set")
     a = ap.parse_args()
     if not a.launch_time:
         os.environ["MLX_SAVE_CUDA_GRAPHS_DOT_FILE"] = str(DOTS / "g")
@@ -122,9 +122,13 @@ def main() -> None:
     if "attn" in cuts:
         from dspark_lab.engine.attention_kernel import rows_attention
 
-        target.route_attention(rows_attention(), policy=lambda rows: rows > 1)
+        target.route_attention(rows_attention(), policy=lambda rows: True)
+    if "write" in cuts:
+        from dspark_lab.engine.cache_kernels import cache_write_kernel
+
+        target.write_cache_with(cache_write_kernel())
     if "move" in cuts:
-        from dspark_lab.engine.cache_move import cache_move_kernel
+        from dspark_lab.engine.cache_kernels import cache_move_kernel
 
         target.move_tree_paths_with(cache_move_kernel())
     head = load_dspark(a.head, target, bits=16)

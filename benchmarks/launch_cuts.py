@@ -1,19 +1,23 @@
 """Kernel launches taken out of a pipelined round, decoding side by side (CUDA only).
 
     python benchmarks/launch_cuts.py --model DIR --head DIR [--caps 7] [--tree-nodes 15] [--copies base,attn,move,attn+move]
-        [--prompts 2] [--max-new-tokens 128] [--json F]
+        [--prompts 3] [--max-new-tokens 128] [--json F]
 
 The pipelined loop is bound by the host's launching (docs/performance.md, forty-eighth round), and
-benchmarks/kernel_census.py counts what a round launches. Two cuts, each a setting of the target:
-`attn` sends the verify's attention (every width above one row, a tree's with its ancestors)
+benchmarks/kernel_census.py counts what a round launches. Three cuts, each a setting of the target:
+`attn` sends the array-offset forwards' attention (every width, a tree's with its ancestors)
 through engine/attention_kernel.py, one kernel a layer where MLX's cuDNN attention is a child
-graph (and a memset) a layer; `move` moves a tree round's kept path with engine/cache_move.py's one
-kernel where MLX's operations launch about eight a layer. Each copy of the target (the engine's
+graph (and a memset) a layer; `write` writes each layer's new keys and values with
+engine/cache_kernels.py's one kernel where MLX's dynamic slice updates launch four; `move` moves a
+tree round's kept path with its one kernel where MLX's operations launch about eight a layer.
+Each copy of the target (the engine's
 rows-kernel routing in all) is loaded apart with its own head; on each prompt (the first --prompts
-of code, math, chat) every copy decodes greedily, as the pipelined chain at each cap and as trees of
+of code, math, chat) every copy decodes greedily (the plain step, and the compiled one-row step
+the cuts reach too), as the pipelined chain at each cap and as trees of
 each --tree-nodes as deep as the first cap, after a warm-up of every arm. Reported: each arm's
-decode rate over the base copy's greedy on the prompt, its accept, and whether its tokens equal its
-own copy's greedy. Before decoding, the kernels are checked against their references on the
+decode rate over greedy decoding on the prompt (the median of the copies' greedy rates: the cuts
+touch only the array-offset forwards, so every copy's greedy runs the same kernels), its accept,
+and whether its tokens equal its own copy's greedy. Before decoding, the kernels are checked against their references on the
 model's own shapes (the attention's largest difference; the move's bit for bit).
 """
 
@@ -33,7 +37,7 @@ import mlx.core as mx  # noqa: E402
 def check_kernels(target) -> dict:
     """The attention kernel (chain and tree rows) and the move kernel against their references."""
     from dspark_lab.engine.attention_kernel import reference_rows_attention, rows_attention
-    from dspark_lab.engine.cache_move import cache_move_kernel, moved_by_operations
+    from dspark_lab.engine.cache_kernels import cache_move_kernel, cache_write_kernel, moved_by_operations, written_by_operations
 
     cache = target.make_cache()
     target.forward(mx.array([1, 2, 3], dtype=mx.uint32), cache)
@@ -64,6 +68,10 @@ def check_kernels(target) -> dict:
     moved = cache_move_kernel()(arrays, mx.array(700, dtype=mx.int32), path)
     want = moved_by_operations(arrays, mx.array(700, dtype=mx.int32), path)
     out["move equal"] = all(mx.array_equal(a, b).item() for a, b in zip(moved, want))
+    new = [mx.random.normal((1, 8, kv, d), key=mx.random.key(s)).astype(mx.bfloat16).transpose(0, 2, 1, 3) for s in (3, 4)]
+    written = cache_write_kernel()(arrays[0], arrays[1], *new, mx.array(700, dtype=mx.int32))
+    want = written_by_operations(arrays[0], arrays[1], *new, mx.array(700, dtype=mx.int32))
+    out["write equal"] = all(mx.array_equal(a, b).item() for a, b in zip(written, want))
     return out
 
 
@@ -73,15 +81,15 @@ def main() -> None:
     ap.add_argument("--head", required=True)
     ap.add_argument("--caps", default="7")
     ap.add_argument("--tree-nodes", default="15")
-    ap.add_argument("--copies", default="base,attn,move,attn+move")
-    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--copies", default="base,attn,attn+write,attn+write+move")
+    ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
     from dspark_lab.engine import greedy_generate, load_target, speculative_generate
     from dspark_lab.engine.attention_kernel import rows_attention
-    from dspark_lab.engine.cache_move import cache_move_kernel
+    from dspark_lab.engine.cache_kernels import cache_move_kernel, cache_write_kernel
     from dspark_lab.engine.drafters.load import load_dspark
     from dspark_lab.engine.rows_kernel import quantized_rows_matmul
     from dspark_lab.engine.text import encode_prompt
@@ -98,7 +106,9 @@ def main() -> None:
         target.check_tree_forward()
         cuts = set(name.split("+")) - {"base"}
         if "attn" in cuts:
-            target.route_attention(rows_attention(), policy=lambda rows: rows > 1)
+            target.route_attention(rows_attention(), policy=lambda rows: True)
+        if "write" in cuts:
+            target.write_cache_with(cache_write_kernel())
         if "move" in cuts:
             target.move_tree_paths_with(cache_move_kernel())
         copies[name] = (target, load_dspark(a.head, target, bits=16))
@@ -108,6 +118,7 @@ def main() -> None:
     def arms(name, ids, n):
         t, h = copies[name]
         yield f"greedy/{name}", lambda: greedy_generate(t, tok, ids, max_new_tokens=n)
+        yield f"greedy-compiled/{name}", lambda: greedy_generate(t, tok, ids, max_new_tokens=n, compiled_step=True)
         for cap in caps:
             yield f"chain{cap}/{name}", lambda cap=cap: speculative_generate(
                 t, tok, h, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True, compile_draft=True)
@@ -121,11 +132,10 @@ def main() -> None:
         for _, run in arms(name, warm, 48):
             run()
     rows = []
-    base_copy = next(iter(copies))
     for p in prompts:
         ids = encode_prompt(tok, p.as_input())
         results = {arm: run() for name in copies for arm, run in arms(name, ids, a.max_new_tokens)}
-        base = results[f"greedy/{base_copy}"].decode_tokens_per_sec
+        base = statistics.median(r.decode_tokens_per_sec for arm, r in results.items() if arm.startswith("greedy/"))
         for arm, r in results.items():
             own = results["greedy/" + arm.split("/")[1]]
             rows.append({"prompt": p.id, "set": p.domain, "arm": arm, "tok_s": round(r.decode_tokens_per_sec, 1),
@@ -133,7 +143,7 @@ def main() -> None:
                          "equals_own_greedy": r.token_ids == own.token_ids})
         print(" ".join(f"{r['arm']} {r['over_greedy']:.2f}x{'' if r['equals_own_greedy'] else '*'}" for r in rows[-len(results):]),
               f"({p.id}; * = parts from its own greedy)", flush=True)
-    print("\nmedian over each set's prompts, over the base copy's greedy (accept):")
+    print("\nmedian over each set's prompts, over greedy decoding (accept):")
     for arm in dict.fromkeys(r["arm"] for r in rows):
         cells = []
         for domain in ("code", "math", "chat"):

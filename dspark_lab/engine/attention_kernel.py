@@ -33,11 +33,13 @@ MAX_ROWS = 32  # a tree's verify at most; more is a prefill
 WARPS = 8  # warps a block: each takes every 8th visible position
 
 # Template: D (head dim, a multiple of 32), GROUPS (query heads per key/value head), W (rows),
-# WARPS. Inputs: q (H, W, D) bfloat16; k, v (KV, T, D) bfloat16, each row-contiguous; offset (1,)
-# int32, the first row's position; scale (1,) float32. Output: out (H, W, D) bfloat16.
+# WARPS. Inputs: q (1, H, W, D) bfloat16, read through its strides (the model's queries are a
+# transposed view: no copy); k, v (1, KV, T, D) bfloat16, row-contiguous; offset (1,) int32, the
+# first row's position; scale (1,) float32. Output: out (W, H, D) bfloat16, so that the model's
+# transpose back to rows-by-heads is contiguous and its reshape for o_proj needs no copy either.
 _SOURCE = """
     constexpr int PER_LANE = D / 32;
-    const int T = k_shape[1];
+    const int T = k_shape[2];
     const int h = blockIdx.x / W;
     const int r = blockIdx.x % W;
     const int kv = h / GROUPS;
@@ -52,10 +54,10 @@ _SOURCE = """
 
     float qv[PER_LANE];
     float acc[PER_LANE];
-    const __nv_bfloat16* qrow = q + ((size_t)h * W + r) * D + lane * PER_LANE;
+    const __nv_bfloat16* qrow = q + h * q_strides[1] + r * q_strides[2];
     #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) {
-        qv[j] = __bfloat162float(qrow[j]) * sc;
+        qv[j] = __bfloat162float(qrow[(lane * PER_LANE + j) * q_strides[3]]) * sc;
         acc[j] = 0.0f;
     }
     float m = __int_as_float(0xff800000);  // -inf: no position seen yet
@@ -97,7 +99,7 @@ _SOURCE = """
             norm = fmaf(part_l[w], f, norm);
             sum = fmaf(part_acc[w][threadIdx.x], f, sum);
         }
-        out[((size_t)h * W + r) * D + threadIdx.x] = __float2bfloat16(sum / norm);
+        out[((size_t)r * (GROUPS * KV) + h) * D + threadIdx.x] = __float2bfloat16(sum / norm);
     }
 """
 
@@ -136,25 +138,25 @@ def rows_attention() -> Callable[..., mx.array]:
     if "attention" not in _built:
         _built["attention"] = mx.fast.cuda_kernel(name="dspark_rows_attention",
                                                   input_names=["q", "k", "v", "offset", "scale"],
-                                                  output_names=["out"], source=_CHAIN)
+                                                  output_names=["out"], source=_CHAIN, ensure_row_contiguous=False)
         _built["tree"] = mx.fast.cuda_kernel(name="dspark_tree_attention",
                                              input_names=["q", "k", "v", "offset", "scale", "ancestors"],
-                                             output_names=["out"], source=_TREE)
+                                             output_names=["out"], source=_TREE, ensure_row_contiguous=False)
 
     def attention(q: mx.array, k: mx.array, v: mx.array, offset: mx.array, scale: float,
                   ancestors: mx.array | None = None) -> mx.array:
         _, heads, rows, d = q.shape
-        kv, positions = k.shape[1], k.shape[2]
-        inputs = [q.reshape(heads, rows, d), k.reshape(kv, positions, d), v.reshape(kv, positions, d),
-                  offset.reshape(1).astype(mx.int32), mx.array([scale], dtype=mx.float32)]
+        kv = k.shape[1]
+        # q as it comes (strided); the cache's buffers are row-contiguous already (no copy then)
+        inputs = [q, mx.contiguous(k), mx.contiguous(v), offset.reshape(1).astype(mx.int32), mx.array([scale], dtype=mx.float32)]
         kernel = _built["attention"]
         if ancestors is not None:
             kernel = _built["tree"]
-            inputs.append(ancestors.astype(mx.uint8))
-        (out,) = kernel(inputs=inputs, template=[("D", d), ("GROUPS", heads // kv), ("W", rows), ("WARPS", WARPS)],
+            inputs.append(mx.contiguous(ancestors.astype(mx.uint8)))
+        (out,) = kernel(inputs=inputs, template=[("D", d), ("GROUPS", heads // kv), ("KV", kv), ("W", rows), ("WARPS", WARPS)],
                         grid=(heads * rows * WARPS * 32, 1, 1), threadgroup=(WARPS * 32, 1, 1),
-                        output_shapes=[(heads, rows, d)], output_dtypes=[q.dtype])
-        return out.reshape(1, heads, rows, d)
+                        output_shapes=[(1, rows, heads, d)], output_dtypes=[q.dtype])
+        return out.transpose(0, 2, 1, 3)
 
     return attention
 

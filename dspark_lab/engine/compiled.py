@@ -29,7 +29,7 @@ import mlx.core as mx
 
 from ..errors import InputError
 from .cache import BucketedKVCache
-from .cache_move import moved_by_operations
+from .cache_kernels import moved_by_operations, written_by_operations
 from .sampling import SamplingParams, residual_sample, target_probs, tree_sampled_choice
 
 # Widest input the compiled path takes (pending token + drafts); prefill goes uncompiled.
@@ -89,15 +89,15 @@ class _AttentionRouted:
 
 
 class ArrayOffsetKV:
-    """A BucketedKVCache as the compiled forward sees it: whole buffers and an array offset."""
+    """A BucketedKVCache as the compiled forward sees it: whole buffers and an array offset. The
+    new rows are written by `writer` (Target.write_cache_with; MLX's operations by default)."""
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array):
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, writer=None):
         self.keys, self.values, self.offset = keys, values, offset
+        self.writer = writer or written_by_operations
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        at = self.offset.reshape(1)
-        self.keys = mx.slice_update(self.keys, keys.astype(self.keys.dtype), at, axes=(2,))
-        self.values = mx.slice_update(self.values, values.astype(self.values.dtype), at, axes=(2,))
+        self.keys, self.values = self.writer(self.keys, self.values, keys, values, self.offset)
         return self.keys, self.values
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
@@ -117,8 +117,8 @@ class TreeOffsetKV(ArrayOffsetKV):
     never padding past them. The mask is built from arrays, so one trace serves every tree of
     the same width."""
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, ancestors: mx.array):
-        super().__init__(keys, values, offset)
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, ancestors: mx.array, writer=None):
+        super().__init__(keys, values, offset, writer)
         self.ancestors = ancestors
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
@@ -154,7 +154,7 @@ class OffsetForward:
             t = self.target
 
             def run(ids, keys, values, offset):
-                traced = [ArrayOffsetKV(k, v, offset) for k, v in zip(keys, values)]
+                traced = [ArrayOffsetKV(k, v, offset, t.cache_writer) for k, v in zip(keys, values)]
                 rec = t._recorder
                 rec.wanted, rec.outputs = frozenset(taps), {}
                 try:
@@ -171,7 +171,7 @@ class OffsetForward:
     def _tree_forward(self, taps: tuple[int, ...], ids, keys, values, offset, depth, ancestors):
         """The tree rows' forward over traced caches: (logits, tap rows, keys, values)."""
         t = self.target
-        traced = [TreeOffsetKV(k, v, offset, ancestors) for k, v in zip(keys, values)]
+        traced = [TreeOffsetKV(k, v, offset, ancestors, t.cache_writer) for k, v in zip(keys, values)]
         rec = t._recorder
         rec.wanted, rec.outputs, rec.positions = frozenset(taps), {}, offset + depth
         try:

@@ -230,7 +230,8 @@ class Target:
         self._drop_offset_traces()
         self.rows_routed = False  # route_quantized_rows
         self.attention_route = None  # route_attention: compiled.AttentionRoute or None
-        self.tree_path_mover = None  # move_tree_paths_with: cache_move.cache_move_kernel() or None
+        self.tree_path_mover = None  # move_tree_paths_with: cache_kernels.cache_move_kernel() or None
+        self.cache_writer = None  # write_cache_with: cache_kernels.cache_write_kernel() or None
         self._routing = None  # (matmul, policy) while routed: check_offset_forward puts it back after its check
 
     @property
@@ -321,9 +322,16 @@ class Target:
 
     def move_tree_paths_with(self, mover) -> None:
         """Move a pipelined tree round's kept path in the cache with `mover(arrays, offset, path)`
-        (engine/cache_move.py: one kernel for every layer's keys and values, where MLX's operations
+        (engine/cache_kernels.py: one kernel for every layer's keys and values, where MLX's operations
         launch about eight a layer); `None` puts MLX's operations back. Compiled traces are dropped."""
         self.tree_path_mover = mover
+        self._drop_offset_traces()
+
+    def write_cache_with(self, writer) -> None:
+        """Write the array-offset forwards' new keys and values with `writer(keys, values, new_keys,
+        new_values, offset)` (engine/cache_kernels.py: one kernel a layer, where MLX's dynamic slice
+        updates launch four); `None` puts MLX's operations back. Compiled traces are dropped."""
+        self.cache_writer = writer
         self._drop_offset_traces()
 
     # --- cache -------------------------------------------------------------------------------

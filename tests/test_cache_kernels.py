@@ -1,0 +1,111 @@
+"""engine/cache_kernels.py off CUDA: the cache's writes and the tree path's move in MLX operations
+(the kernels' stand-ins and references), and the loops' use of whatever writer and mover the
+target is given."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from dspark_lab.engine import cache_kernels
+
+
+def test_the_move_puts_the_paths_rows_after_the_offset_in_path_order_and_leaves_the_rest():
+    rng = np.random.default_rng(0)
+    arrays = [mx.array(rng.standard_normal((1, 2, 24, 8)).astype(np.float32)) for _ in range(3)]
+    path = np.array([0, 3, 4, 6])  # the root, then the kept rows at depths 1..3
+    got = cache_kernels.moved_by_operations(arrays, mx.array(10, dtype=mx.int32), mx.array(path))
+    for a, g in zip(arrays, got):
+        want = np.array(a)
+        want[:, :, 10:14] = np.array(a)[:, :, 10 + path]
+        assert np.array_equal(np.array(g), want)
+
+
+def test_the_write_puts_the_new_rows_at_the_offset_and_leaves_the_rest():
+    rng = np.random.default_rng(1)
+    keys, values = (rng.standard_normal((1, 2, 16, 4)).astype(np.float32) for _ in range(2))
+    new = rng.standard_normal((1, 3, 2, 4)).astype(np.float32).transpose(0, 2, 1, 3)  # strided, as a model's rows come
+    k, v = cache_kernels.written_by_operations(mx.array(keys), mx.array(values), mx.array(new), mx.array(new) * 2,
+                                               mx.array(5, dtype=mx.int32))
+    want_k, want_v = keys.copy(), values.copy()
+    want_k[:, :, 5:8], want_v[:, :, 5:8] = new, new * 2
+    assert np.array_equal(np.array(k), want_k) and np.array_equal(np.array(v), want_v)
+
+
+def test_the_kernels_take_one_layout_only_and_say_they_need_cuda():
+    assert cache_kernels.same_layout([mx.zeros((1, 2, 8, 4))] * 3)
+    assert not cache_kernels.same_layout([mx.zeros((1, 2, 8, 4)), mx.zeros((1, 2, 16, 4))])
+    assert not cache_kernels.same_layout([mx.zeros((1, 2, 8, 4)), mx.zeros((1, 2, 8, 4), dtype=mx.bfloat16)])
+    assert not cache_kernels.same_layout([])
+    if cache_kernels.cuda_available():
+        pytest.skip("a CUDA backend is here")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        cache_kernels.cache_move_kernel()
+    with pytest.raises(RuntimeError, match="CUDA"):
+        cache_kernels.cache_write_kernel()
+
+
+def test_a_pipelined_tree_moves_its_paths_with_the_targets_mover_and_stays_lossless(tmp_path):
+    """The tree round calls the mover it is given (once a trace: one call moves every layer) and
+    the tokens stay the greedy ones; putting MLX's operations back drops the traces that kept it."""
+    from conftest import PROMPTS
+    from dspark_lab import greedy_generate, load_target, speculative_generate
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "qwen3", "qwen3", seed=5)
+    target, tok = load_target(model)
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", model, markov_rank=0), target)
+    calls = []
+
+    def mover(arrays, offset, path):
+        calls.append(len(arrays))
+        return cache_kernels.moved_by_operations(arrays, offset, path)
+
+    target.move_tree_paths_with(mover)
+    for prompt in PROMPTS[:3]:
+        ids = tok.encode(prompt)
+        want = greedy_generate(target, tok, ids, max_new_tokens=16).token_ids
+        got = speculative_generate(target, tok, head, ids, max_new_tokens=16, max_draft_tokens=4, tree_nodes=8, pipeline=True)
+        assert got.token_ids == want, prompt
+    layers = len(target.make_cache())
+    assert calls and set(calls) == {2 * layers}
+    target.move_tree_paths_with(None)
+    calls.clear()
+    speculative_generate(target, tok, head, tok.encode(PROMPTS[0]), max_new_tokens=8, max_draft_tokens=4, tree_nodes=8, pipeline=True)
+    assert calls == []
+
+
+@pytest.mark.parametrize("tree_nodes", [0, 8])
+def test_the_pipelined_loops_write_with_the_targets_writer_and_stay_lossless(tmp_path, tree_nodes):
+    """The chain's and the tree's verify write their rows with the writer they are given (every
+    layer, every trace) and the tokens stay the greedy ones; None puts MLX's operations back."""
+    from conftest import PROMPTS
+    from dspark_lab import greedy_generate, load_target, speculative_generate
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "qwen3", "qwen3", seed=6)
+    target, tok = load_target(model)
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", model, markov_rank=0), target)
+    widths = []
+
+    def writer(keys, values, new_keys, new_values, offset):
+        widths.append(new_keys.shape[2])
+        return cache_kernels.written_by_operations(keys, values, new_keys, new_values, offset)
+
+    target.write_cache_with(writer)
+    for prompt in PROMPTS[:3]:
+        ids = tok.encode(prompt)
+        want = greedy_generate(target, tok, ids, max_new_tokens=16).token_ids
+        got = speculative_generate(target, tok, head, ids, max_new_tokens=16, max_draft_tokens=4, tree_nodes=tree_nodes, pipeline=True)
+        assert got.token_ids == want, prompt
+    layers = len(target.make_cache())
+    assert widths and len(widths) % layers == 0 and max(widths) > 1
+    target.write_cache_with(None)
+    widths.clear()
+    speculative_generate(target, tok, head, tok.encode(PROMPTS[0]), max_new_tokens=8, max_draft_tokens=4, tree_nodes=tree_nodes, pipeline=True)
+    assert widths == []
