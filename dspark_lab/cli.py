@@ -89,6 +89,7 @@ RowsKernelOpt = Annotated[Optional[bool], typer.Option("--rows-kernel/--no-rows-
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
+LaunchKernelsOpt = Annotated[Optional[bool], typer.Option("--launch-kernels/--no-launch-kernels", help="In dspark-pipe and dspark-tree-pipe modes, launch fewer kernels a round: the verify's attention through dspark-lab's CUDA kernel at every width (a tree's rows with their ancestors), each layer's new keys and values written by one kernel, a tree round's kept path moved by one kernel for every layer (engine/cache_kernels.py). The pipelined loop is bound by launching on a GPU; on an H100 the 0.5B's chain decoded 1.17-1.34x and its trees 1.2-1.5x faster (forty-ninth round). The attention sums in float32, so a bfloat16 near-tie may order two tokens the other way. Default: in those modes on CUDA, as a one-time probe on this machine found it for this pair (exact against the references, and the pipelined loop faster; stored in --db); elsewhere off.")]
 AttentionKernelOpt = Annotated[Optional[bool], typer.Option("--attention-kernel/--no-attention-kernel", help="In draft-pipe mode, run the draft model's one-row steps' attention (at a position held on the device, over a masked buffer) through dspark-lab's CUDA kernel (engine/attention_kernel.py): 4.2x faster than MLX's there on an H100, draft-pipe 1.2-1.5x faster (fortieth round); it changes only the drafts, never the tokens. In baseline mode, replay plain decoding's one-row step compiled with its attention through the kernel: 1.07-1.10x faster on an H100 (forty-first round); a bfloat16 near-tie may then order two tokens the other way. Default: on CUDA in those two modes, as a one-time probe on this machine found it for this model or pair (exact against its float32 reference, and the decoding faster; stored in --db); elsewhere off.")]
 
 
@@ -158,6 +159,29 @@ def _compiled_greedy_step(target, tokenizer, attention_kernel: bool | None, *, d
     return bool(attention_kernel)
 
 
+def _use_launch_kernels(target, launch_kernels: bool | None, mode: "Mode", *, loop: tuple, db: Path, model_id: str) -> None:
+    """--launch-kernels: the pipelined loops' launch-saving kernels when asked, or (not given) in
+    dspark-pipe and dspark-tree-pipe on CUDA when the stored or a fresh probe on this machine says
+    so for this pair (it times the pipelined loop both ways)."""
+    from .engine.kernels import cuda_available
+    from .lab.kernel_probe import launch_kernels as cuda_kernels
+
+    if mode not in (Mode.dspark_pipe, Mode.dspark_tree_pipe):
+        if launch_kernels:
+            raise DsparkError(f"--launch-kernels applies to modes dspark-pipe and dspark-tree-pipe, not {mode.value}. Leave it off.")
+        return
+    if launch_kernels is None:
+        if not cuda_available():
+            return
+        from .lab.kernel_probe import choose_launch_kernels
+
+        launch_kernels = _probe_says(db, "--launch-kernels", lambda engine: choose_launch_kernels(
+            target, db=engine, loop=loop, model_id=model_id))
+    if launch_kernels:
+        target.use_launch_kernels(_built_or_refused("--launch-kernels", cuda_kernels))
+        loop[0].drop_traces()
+
+
 def _route_rows(target, rows_kernel: bool | None, *, loop: tuple | None, db: Path, model_id: str) -> None:
     """--rows-kernel: route the target's quantized layers through the rows kernel when asked, or
     (not given) when the stored or a fresh probe on this machine says so for this pair (CUDA and a
@@ -209,6 +233,7 @@ def generate(
     launch_every: LaunchEveryOpt = "0",
     rows_kernel: RowsKernelOpt = None,
     attention_kernel: AttentionKernelOpt = None,
+    launch_kernels: LaunchKernelsOpt = None,
     trust_remote_code: TrustOpt = False,
 ):
     """Generate text from a prompt, streaming committed text, then print accept length and speed."""
@@ -298,6 +323,8 @@ def generate(
     if mode is not Mode.baseline:
         _route_attention(head if mode in draft_modes else None, attention_kernel, mode, target=target, tokenizer=tokenizer,
                          db=db, model_id=f"{model}|{draft_model}")
+    _use_launch_kernels(target, launch_kernels, mode, loop=(head, tokenizer) if mode in (Mode.dspark_pipe, Mode.dspark_tree_pipe) else None,
+                        db=db, model_id=f"{model}|{drafter}|{drafter_bits}")
     if launch_every == "auto":
         from .db import open_db
         from .lab.launch_probe import choose_launch_every

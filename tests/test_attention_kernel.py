@@ -422,3 +422,72 @@ def test_a_routed_pipelined_tree_takes_the_kernel_with_its_ancestors_and_stays_l
         got = speculative_generate(target, tok, head, ids, max_new_tokens=16, max_draft_tokens=4, tree_nodes=8, pipeline=True)
         assert got.token_ids == want, prompt
     assert kernel.trees > 0 and all(s[2] > 1 for s in kernel.shapes)
+
+
+# --- the launch kernels' probe (lab/kernel_probe.py) and --launch-kernels -------------------------
+
+def _stand_ins():
+    from dspark_lab.engine import cache_kernels
+
+    return attention_kernel.reference_rows_attention, cache_kernels.written_by_operations, cache_kernels.moved_by_operations
+
+
+def test_the_launch_kernels_probe_checks_the_stand_ins_then_lets_the_loop_decide(head_dim_32, tmp_path):
+    """Off CUDA the kernels are unavailable; the MLX stand-ins pass the check (attention of chains and
+    trees against the reference, writes and moves bit for bit), the pipelined loop is timed both
+    ways, the verdict is stored and reused, and the target is left as it was."""
+    from dspark_lab import load_target
+    from dspark_lab.db import open_db
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.lab import kernel_probe
+    from dspark_lab.tiny import build_tiny_dspark
+
+    target, tok = load_target(head_dim_32, dtype="bfloat16")
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", head_dim_32, markov_rank=0), target)
+    if not attention_kernel.cuda_available():
+        v = kernel_probe.measure_launch_kernels(target)
+        assert not v.use and not v.available and "CUDA" in v.reason
+    v = kernel_probe.measure_launch_kernels(target, _stand_ins(), loop=(head, tok), loop_tokens=16, loop_passes=1)
+    assert v.exact and v.checked == 7 and "bit-equal" in v.reason
+    assert v.loop_reference_ms > 0 and v.loop_kernel_ms > 0
+    assert v.use == (v.loop_kernel_ms <= (1 - kernel_probe.MARGIN) * v.loop_reference_ms)
+    assert target.attention_route is None and target.cache_writer is None and target.tree_path_mover is None
+    db = open_db(tmp_path / "k.duckdb")
+    try:
+        first = kernel_probe.choose_launch_kernels(target, db=db, kernels=_stand_ins(), model_id="tiny")
+        assert not first.reused and kernel_probe.choose_launch_kernels(target, db=db, kernels=_stand_ins(), model_id="tiny").reused
+    finally:
+        db.dispose()
+
+
+def test_a_launch_kernel_that_differs_is_kept_out(head_dim_32):
+    from dspark_lab import load_target
+    from dspark_lab.lab import kernel_probe
+
+    target, _ = load_target(head_dim_32, dtype="bfloat16")
+    attention, writer, mover = _stand_ins()
+
+    def shifted(arrays, offset, path):
+        return mover(arrays, offset + 1, path)
+
+    v = kernel_probe.measure_launch_kernels(target, (attention, writer, shifted))
+    assert not v.use and not v.exact and v.reason.startswith("not exact") and "move" in v.reason
+
+
+def test_the_cli_takes_launch_kernels_in_the_pipelined_modes_only(tiny_dirs, tmp_path):
+    """`generate --launch-kernels` in another mode is refused with the modes it applies to; off CUDA,
+    in dspark-pipe, it says the kernels need CUDA and how to go on."""
+    from typer.testing import CliRunner
+
+    from dspark_lab.cli import app
+    from dspark_lab.tiny import build_tiny_dspark
+
+    model = str(tiny_dirs["qwen3"])
+    args = ["generate", "-m", model, "-p", "hi", "-n", "4", "--no-chat-template", "--launch-kernels"]
+    r = CliRunner().invoke(app, args + ["--mode", "lookup"])
+    assert r.exit_code != 0 and "dspark-pipe and dspark-tree-pipe" in r.output and "Leave it off" in r.output
+    if attention_kernel.cuda_available():
+        return
+    head = str(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0))
+    r = CliRunner().invoke(app, args + ["--mode", "dspark-pipe", "-d", head, "--drafter-bits", "16"])
+    assert r.exit_code != 0 and "CUDA" in r.output and "Leave --launch-kernels off" in r.output

@@ -327,6 +327,17 @@ class Target:
         self.tree_path_mover = mover
         self._drop_offset_traces()
 
+    def use_launch_kernels(self, kernels: tuple | None) -> None:
+        """The pipelined loops' launch-saving kernels at once: `kernels` = (attention, writer, mover)
+        (lab/kernel_probe.launch_kernels() builds CUDA's), or None for MLX's operations throughout.
+        The attention then takes the array-offset forwards at every width it supports (a tree's
+        with its ancestors), the writer every layer's new rows, the mover a tree round's kept path:
+        benchmarks/launch_cuts.py, docs/performance.md, forty-ninth round."""
+        attention, writer, mover = kernels or (None, None, None)
+        self.route_attention(attention, policy=lambda rows: True)
+        self.write_cache_with(writer)
+        self.move_tree_paths_with(mover)
+
     def write_cache_with(self, writer) -> None:
         """Write the array-offset forwards' new keys and values with `writer(keys, values, new_keys,
         new_values, offset)` (engine/cache_kernels.py: one kernel a layer, where MLX's dynamic slice

@@ -556,3 +556,126 @@ def choose_greedy_step(target, *, tokenizer=None, db=None, reprobe: bool = False
                "stage": "loop" if tokenizer is not None else "check"}
     return _stored_or_measured("greedy_step", options, model_id, db, reprobe,
                                lambda: measure_greedy_step(target, candidate, tokenizer=tokenizer))
+
+
+# --- the pipelined loops' launch kernels (engine/attention_kernel.py, engine/cache_kernels.py) ------
+
+LAUNCH_ROWS = (1, 8, 16)  # a compiled one-row step, a chain's verify at cap 7, a tree's of 15 nodes
+
+
+def launch_kernels() -> tuple:
+    """CUDA's (attention, writer, mover) for Target.use_launch_kernels. Raises RuntimeError off CUDA."""
+    from ..engine.attention_kernel import rows_attention
+    from ..engine.cache_kernels import cache_move_kernel, cache_write_kernel
+
+    return rows_attention(), cache_write_kernel(), cache_move_kernel()
+
+
+def _launch_exactness(target, kernels) -> tuple[int, str | None]:
+    """(outputs compared, the first failure or None): at the target's head layout, the attention
+    at each of LAUNCH_ROWS after 300 positions, as a chain and (from 8 rows) as a binary tree,
+    within one bfloat16 step of the float32 reference; the writer and the mover bit-equal to MLX's
+    operations on every layer's cache buffers."""
+    from ..engine.attention_kernel import reference_rows_attention, supports
+    from ..engine.cache_kernels import moved_by_operations, written_by_operations
+
+    attention, writer, mover = kernels
+    cfg = target.config
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    d = target.head_dim
+    cache = target.make_cache()
+    target.forward(mx.array([1, 2, 3], dtype=mx.uint32), cache)
+    dtype = cache[0].keys.dtype
+    compared, offset = 0, mx.array(300, dtype=mx.int32)
+    k, v = (mx.random.normal((1, kv, 384, d), key=mx.random.key(s)).astype(dtype) for s in (1, 2))
+    for rows in LAUNCH_ROWS:
+        q = mx.random.normal((1, rows, heads, d), key=mx.random.key(rows)).astype(dtype).transpose(0, 2, 1, 3)  # strided, as a model's
+        why = supports(q, k, v)
+        if why is not None:
+            return compared, f"the model's attention is not one the kernel takes ({why})"
+        parent = [-1] + [(i - 1) // 2 for i in range(1, rows)]
+        tree = [[False] * rows for _ in range(rows)]
+        for r in range(rows):
+            p = r
+            while p >= 0:
+                tree[r][p], p = True, parent[p]
+        for shape, ancestors in (("chain", None), ("tree", mx.array(tree)))[: 1 if rows == 1 else 2]:
+            kw = {} if ancestors is None else {"ancestors": ancestors}
+            got = attention(q, k, v, offset, d**-0.5, **kw).astype(mx.float32)
+            ref = reference_rows_attention(q, k, v, offset, d**-0.5, **kw).astype(mx.float32)
+            err, largest = mx.abs(got - ref).max().item(), mx.abs(ref).max().item()
+            if not err <= max(largest, 1e-3) * 2.0 ** -7:
+                return compared, f"the attention of a {shape} of {rows} rows: off the float32 reference by {err:.3g}"
+            compared += 1
+    # Buffers of every layer's cache layout, filled at random (a fresh cache's are mostly zeros,
+    # which would hide a misplaced row).
+    buffers = [mx.random.normal(c.keys.shape, key=mx.random.key(10 + i)).astype(dtype) for i, c in enumerate(cache) for _ in (0, 1)]
+    buffers = [b * (1 + i) for i, b in enumerate(buffers)]  # no two alike
+    new = [mx.random.normal((1, 8, kv, d), key=mx.random.key(s)).astype(dtype).transpose(0, 2, 1, 3) for s in (3, 4)]
+    at = mx.array(min(2, buffers[0].shape[2] - 8), dtype=mx.int32)
+    if not all(mx.array_equal(a, b).item() for a, b in zip(writer(buffers[0], buffers[1], *new, at),
+                                                             written_by_operations(buffers[0], buffers[1], *new, at))):
+        return compared, "the cache writer's buffers differ from MLX's slice updates"
+    path = mx.array([0, 3, 1, 2], dtype=mx.int32)
+    if not all(mx.array_equal(a, b).item() for a, b in zip(mover(buffers, at, path), moved_by_operations(buffers, at, path))):
+        return compared, "the tree path's move differs from MLX's gathers and slice updates"
+    return compared + 2, None
+
+
+def _launch_loop_ms(target, drafter, tokenizer, kernels, *, tokens: int, passes: int) -> tuple[float, float, None]:
+    """(ms a token through MLX's operations, through the kernels, None): the pipelined chain loop
+    (greedy, compiled draft, the head's depth up to 7) on a built-in code prompt both ways,
+    alternately, a warm-up run after each switch (switching drops the compiled traces). Their
+    tokens may part where two logits tie within a bfloat16 step (the kernel's attention sums in
+    float32, cuDNN's does not), both the model's argmax, so that is no failure; the kernels'
+    own check came first. Leaves the target as it found it."""
+    from ..engine.pipeline import pipelined_loop
+    from ..engine.sampling import SamplingParams
+    from ..engine.text import TextStream
+
+    ids = _code_prompt_ids(tokenizer)
+    cap = min(7, drafter.config.max_drafts)
+    before = (target.attention_route, target.cache_writer, target.tree_path_mover)
+
+    def switch(on: bool):
+        target.use_launch_kernels(kernels if on else None)
+        drafter.drop_traces()
+
+    def run(_on=None):
+        return pipelined_loop(target, ids, SamplingParams(), drafter, max_new_tokens=tokens, cap=cap,
+                              stream=TextStream(tokenizer, None, None), mode="dspark-pipe", compile_draft=True)
+
+    try:
+        times, _ = _timed_both_ways(switch, run, passes)
+    finally:
+        target.attention_route, target.cache_writer, target.tree_path_mover = before
+        target._drop_offset_traces()
+        drafter.drop_traces()
+    return statistics.median(times["mlx"]), statistics.median(times["kernel"]), None
+
+
+def measure_launch_kernels(target, kernels: tuple | None = None, *, loop: tuple | None = None, loop_tokens: int = 96,
+                           loop_passes: int = 2) -> KernelVerdict:
+    """Check the launch kernels (or `kernels`, functions of their contracts: tests hand in the MLX
+    stand-ins) at the target's layout; with `loop=(drafter, tokenizer)` time the pipelined chain
+    through them and through MLX's operations, which decides."""
+    name = "launch_kernels"
+    try:
+        kernels, checked = _checked_candidate(name, kernels, launch_kernels, lambda k: _launch_exactness(target, k))
+    except _Refused as refused:
+        return refused.verdict
+    reason = (f"the attention within a bfloat16 step of the float32 reference on {checked - 2} chains and trees, "
+              "the cache's write and the tree's move bit-equal to MLX's")
+    timed = None if loop is None else (lambda: _launch_loop_ms(target, *loop, kernels, tokens=loop_tokens, passes=loop_passes))
+    return _decided_by_loop(KernelVerdict(name, False, reason, exact=True, checked=checked), "the pipelined loop", "", timed)
+
+
+def choose_launch_kernels(target, *, db=None, reprobe: bool = False, kernels: tuple | None = None, loop: tuple | None = None,
+                          model_id: str = "") -> KernelVerdict:
+    """The stored verdict for the launch kernels on this machine and this pair (`model_id` names
+    it), else a fresh probe (measure_launch_kernels), stored when `db` is given."""
+    options = {"rows": list(LAUNCH_ROWS), "mlx": mx.__version__, "candidate": "stand-in" if kernels is not None else "cuda",
+               "stage": "loop" if loop is not None else "check"}
+    return _stored_or_measured("launch_kernels", options, model_id, db, reprobe,
+                               lambda: measure_launch_kernels(target, kernels, loop=loop))

@@ -496,6 +496,10 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
             except DsparkError as e:  # a head of the other kind, or for another model in a multi-model grid; one with a Markov term
                 drafters.pop((mode, d), None)
                 say(f"skipping drafter {d} for {model_id} in mode {mode}: {e}")
+    piped_heads = [(d, h) for (m, d), h in drafters.items() if m in ("dspark-pipe", "dspark-tree-pipe")]
+    if piped_heads:  # keyed as generate keys it, so either finds the other's verdict
+        (d, head), = piped_heads[:1]
+        _route_launch_kernels(target, head, tok, engine, run_id, f"{model_id}|{d}|{cfg.drafter_bits}", say)
     draft_modes = [m for m in DRAFT_MODES if m in cfg.modes]
     if draft_modes:
         for d in cfg.draft_models:  # loaded once per target, like the heads; both modes share it
@@ -636,6 +640,25 @@ def _route_step_attention(target, engine, run_id: str, model_id: str, say) -> No
     if verdict.exact:
         target.route_attention(attention_kernel.rows_attention())
     _note_chosen(engine, run_id, "step_attention_checked", model_id, verdict.to_dict())
+
+
+def _route_launch_kernels(target, head, tok, engine, run_id: str, pair: str, say) -> None:
+    """On CUDA, the pipelined loops' launch-saving kernels (Target.use_launch_kernels) where the probe
+    (stored per machine and pair, as `generate --mode dspark-pipe` finds it) says they are exact and
+    faster: the sweep's pipelined arms measure what generate runs. They reach every array-offset
+    forward of the target, a compiled baseline's one-row step too; the verdict goes in the run's config."""
+    from ..engine.kernels import cuda_available
+
+    if not cuda_available():
+        return
+    from .kernel_probe import choose_launch_kernels, launch_kernels
+
+    verdict = choose_launch_kernels(target, db=engine, loop=(head, tok), model_id=pair)
+    say(f"{pair}: {verdict.describe()}")
+    if verdict.use:
+        target.use_launch_kernels(launch_kernels())
+        head.drop_traces()
+    _note_chosen(engine, run_id, "launch_kernels_chosen", pair, verdict.to_dict())
 
 
 def _route_draft_attention(drafter, target, tok, engine, run_id: str, pair: str, say) -> None:
