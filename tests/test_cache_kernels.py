@@ -109,3 +109,26 @@ def test_the_pipelined_loops_write_with_the_targets_writer_and_stay_lossless(tmp
     widths.clear()
     speculative_generate(target, tok, head, tok.encode(PROMPTS[0]), max_new_tokens=8, max_draft_tokens=4, tree_nodes=tree_nodes, pipeline=True)
     assert widths == []
+
+
+def test_the_once_a_model_checks_run_mlxs_operations_while_launch_kernels_are_on(tmp_path):
+    """Set before the first pipelined or tree run, the launch kernels stay out of the offset and tree
+    checks (which compare positions and masks against plain forwards through MLX's operations; here
+    the float32 attention stand-in would part from MLX's bfloat16 one), and are back after them."""
+    from conftest import PROMPTS
+    from dspark_lab import greedy_generate, load_target, speculative_generate
+    from dspark_lab.engine import attention_kernel
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "qwen3", "qwen3", seed=3, head_dim=32)
+    target, tok = load_target(model, dtype="bfloat16")
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", model, markov_rank=0), target)
+    kernels = (attention_kernel.reference_rows_attention, cache_kernels.written_by_operations, cache_kernels.moved_by_operations)
+    target.use_launch_kernels(kernels)
+    ids = tok.encode(PROMPTS[0])
+    want = greedy_generate(target, tok, ids, max_new_tokens=12).token_ids
+    got = speculative_generate(target, tok, head, ids, max_new_tokens=12, max_draft_tokens=4, tree_nodes=8, pipeline=True)
+    assert got.token_ids == want
+    assert target._offset_checked is not None and target._tree_checked
+    assert target._launch_kernels_in_use() == kernels and target.attention_route.policy(16)

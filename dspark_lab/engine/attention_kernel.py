@@ -5,7 +5,9 @@ bucketed buffer and hides what lies at or past each row's position with a boolea
 position is a device array. MLX's CUDA attention takes an array mask only through cuDNN (2+ rows,
 after turning the mask into an additive one) or its unfused fallback (1 row); its vector kernel,
 which a plain one-row step runs, takes no array mask. This kernel needs no mask: it reads the
-offset and lets row r see positions 0..offset + r, as the mask would.
+offset and lets row r see positions 0..offset + r, as the mask would. A draft tree's rows (a
+second kernel, the same code but for one visibility test) see the positions before the tree and
+the tree rows their ancestors matrix marks.
 
 How: one thread block per (query head, row). Its warps take every WARPS-th visible position; a
 lane holds D / 32 of the head's dimensions, so a score is one warp-wide shuffle sum. Each warp keeps
@@ -15,10 +17,13 @@ result depends on its own position and keys alone, not on how many rows came wit
 
 Measured on an H100 (docs/performance.md, thirty-ninth round; benchmarks/forward_parts.py): equal
 to cuDNN's result from 2 rows and to its float32 reference; 4.2x faster than MLX's attention over a
-masked buffer at one row (MLX's unfused fallback there), slower than cuDNN from 2 rows. So the
-engine routes one-row array-offset forwards through it when asked (Target.route_attention): a
-draft model's steps in draft-pipe; its effect on decoding is not yet measured
-(benchmarks/peer_vs_ours.py --attention-kernel).
+masked buffer at one row (MLX's unfused fallback there), slower than cuDNN from 2 rows timed alone.
+But the pipelined loops are bound by launching (forty-eighth round), and cuDNN's attention is a
+child graph nested in a child graph with a memset, where this is one kernel that reads the queries
+through their strides and writes its output rows by heads (no copy before or after): through it at
+every width, trees included, a round launches about 100 kernels fewer and the 0.5B's chain decoded
+1.17-1.34x faster (forty-ninth round). Target.route_attention sends the widths a policy takes
+through it; Target.use_launch_kernels takes every width.
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from .kernels import cuda_available
 MAX_ROWS = 32  # a tree's verify at most; more is a prefill
 WARPS = 8  # warps a block: each takes every 8th visible position
 
-# Template: D (head dim, a multiple of 32), GROUPS (query heads per key/value head), W (rows),
-# WARPS. Inputs: q (1, H, W, D) bfloat16, read through its strides (the model's queries are a
+# Template: D (head dim, a multiple of 32), GROUPS (query heads per key/value head), KV (key/value
+# heads), W (rows), WARPS. Inputs: q (1, H, W, D) bfloat16, read through its strides (the model's queries are a
 # transposed view: no copy); k, v (1, KV, T, D) bfloat16, row-contiguous; offset (1,) int32, the
 # first row's position; scale (1,) float32. Output: out (W, H, D) bfloat16, so that the model's
 # transpose back to rows-by-heads is contiguous and its reshape for o_proj needs no copy either.

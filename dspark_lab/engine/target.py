@@ -310,7 +310,8 @@ class Target:
 
     def route_attention(self, kernel, *, policy=None) -> None:
         """Send the array-offset forwards' attention (forward_at: the pipelined loops' verify, a
-        draft model's steps in draft-pipe) through `kernel(q, k, v, offset, scale)` at the widths
+        draft model's steps in draft-pipe) through `kernel(q, k, v, offset, scale)` (a tree's rows:
+        `kernel(..., ancestors=)`, engine/attention_kernel.py's contract) at the widths
         `policy(rows)` takes (default: one row, where MLX's attention over a masked buffer is its
         unfused fallback: 4.2x slower than engine/attention_kernel.py's on an H100, docs/performance.md,
         thirty-ninth round); `None` puts MLX's back. Compiled traces are dropped (they would keep the
@@ -337,6 +338,12 @@ class Target:
         self.route_attention(attention, policy=lambda rows: True)
         self.write_cache_with(writer)
         self.move_tree_paths_with(mover)
+
+    def _launch_kernels_in_use(self) -> tuple | None:
+        """The (attention, writer, mover) use_launch_kernels set, or None when it set none."""
+        if self.cache_writer is None and self.tree_path_mover is None:
+            return None
+        return (self.attention_route.kernel if self.attention_route else None, self.cache_writer, self.tree_path_mover)
 
     def write_cache_with(self, writer) -> None:
         """Write the array-offset forwards' new keys and values with `writer(keys, values, new_keys,
@@ -478,6 +485,13 @@ class Target:
         difference; raises LoadError naming the model_type when it exceeds PROBE_RTOL."""
         if self._offset_checked is not None:
             return self._offset_checked
+        kernels = self._launch_kernels_in_use()
+        if kernels is not None:  # checked apart (lab/kernel_probe.py): the check runs MLX's operations
+            self.use_launch_kernels(None)
+            try:
+                return self.check_offset_forward()
+            finally:
+                self.use_launch_kernels(kernels)
         routing = self._routing
         if routing is not None:
             # What is checked is the position handling (mask, rotation, cache writes), so both
@@ -624,6 +638,15 @@ class Target:
         mode = self.tree_compiled
         if mode in self._tree_checked:
             return self._tree_checked[mode]
+        kernels = self._launch_kernels_in_use()
+        if kernels is not None:
+            # What is checked is the tree's positions and masks, against MLX's own operations on
+            # both sides; the launch kernels have their own check (lab/kernel_probe.py).
+            self.use_launch_kernels(None)
+            try:
+                return self.check_tree_forward()
+            finally:
+                self.use_launch_kernels(kernels)
         if not can_compile(self.make_cache()):
             raise InputError(f"tree drafts need plain KV caches; model_type {self.model_type!r} keeps recurrent, rotating or "
                              "quantized cache state. Leave tree_nodes at 0 for it.")
