@@ -117,20 +117,9 @@ def main() -> None:
         print(f"rows kernel: {target.route_quantized_rows(quantized_rows_matmul())} layers routed", flush=True)
     cuts = set(filter(None, a.cuts.split(",")))
     if cuts:
-        target.check_offset_forward()  # the once-a-model checks compare with MLX's attention: before routing
-        target.check_tree_forward()
-    if "attn" in cuts:
-        from dspark_lab.engine.attention_kernel import rows_attention
+        from launch_cuts import apply_cuts  # this folder's, beside this script
 
-        target.route_attention(rows_attention(), policy=lambda rows: True)
-    if "write" in cuts:
-        from dspark_lab.engine.cache_kernels import cache_write_kernel
-
-        target.write_cache_with(cache_write_kernel())
-    if "move" in cuts:
-        from dspark_lab.engine.cache_kernels import cache_move_kernel
-
-        target.move_tree_paths_with(cache_move_kernel())
+        apply_cuts(target, cuts)
     head = load_dspark(a.head, target, bits=16)
     prompt = load_prompt_sets("code", limit=1)[0].prompts[0]
     ids = encode_prompt(tok, prompt.as_input())

@@ -34,6 +34,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 
 
+def apply_cuts(target, cuts: set[str]) -> None:
+    """Set the target's cuts (attn, write, move) after its once-a-model checks, which compare with
+    MLX's own attention (an attention route alone would be in them)."""
+    from dspark_lab.engine.attention_kernel import rows_attention
+    from dspark_lab.engine.cache_kernels import cache_move_kernel, cache_write_kernel
+
+    target.check_offset_forward()
+    target.check_tree_forward()
+    if "attn" in cuts:
+        target.route_attention(rows_attention(), policy=lambda rows: True)
+    if "write" in cuts:
+        target.write_cache_with(cache_write_kernel())
+    if "move" in cuts:
+        target.move_tree_paths_with(cache_move_kernel())
+
+
 def check_kernels(target) -> dict:
     """The attention kernel (chain and tree rows) and the move kernel against their references."""
     from dspark_lab.engine.attention_kernel import reference_rows_attention, rows_attention
@@ -88,8 +104,6 @@ def main() -> None:
     a = ap.parse_args()
 
     from dspark_lab.engine import greedy_generate, load_target, speculative_generate
-    from dspark_lab.engine.attention_kernel import rows_attention
-    from dspark_lab.engine.cache_kernels import cache_move_kernel, cache_write_kernel
     from dspark_lab.engine.drafters.load import load_dspark
     from dspark_lab.engine.rows_kernel import quantized_rows_matmul
     from dspark_lab.engine.text import encode_prompt
@@ -101,16 +115,7 @@ def main() -> None:
     for name in a.copies.split(","):
         target, tok = load_target(a.model)
         target.route_quantized_rows(quantized_rows_matmul())
-        # The once-a-model checks compare with MLX's own attention: run before any route is set.
-        target.check_offset_forward()
-        target.check_tree_forward()
-        cuts = set(name.split("+")) - {"base"}
-        if "attn" in cuts:
-            target.route_attention(rows_attention(), policy=lambda rows: True)
-        if "write" in cuts:
-            target.write_cache_with(cache_write_kernel())
-        if "move" in cuts:
-            target.move_tree_paths_with(cache_move_kernel())
+        apply_cuts(target, set(name.split("+")) - {"base"})
         copies[name] = (target, load_dspark(a.head, target, bits=16))
     checks = check_kernels(next(iter(copies.values()))[0])
     print("kernel checks:", checks, flush=True)
