@@ -89,7 +89,7 @@ RowsKernelOpt = Annotated[Optional[bool], typer.Option("--rows-kernel/--no-rows-
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ask to import their own Python (auto_map / model_file). Also DSPARK_LAB_TRUST_REMOTE_CODE=1.")]
 
 
-LaunchKernelsOpt = Annotated[Optional[bool], typer.Option("--launch-kernels/--no-launch-kernels", help="In dspark-pipe and dspark-tree-pipe modes, launch fewer kernels a round: the verify's attention through dspark-lab's CUDA kernel at every width (a tree's rows with their ancestors), each layer's new keys and values written by one kernel, a tree round's kept path moved by one kernel for every layer (engine/cache_kernels.py). The pipelined loop is bound by launching on a GPU; on an H100 the 0.5B's chain decoded 1.17-1.34x and its trees 1.2-1.5x faster (forty-ninth round). The attention sums in float32, so a bfloat16 near-tie may order two tokens the other way. Default: in those modes on CUDA, as a one-time probe on this machine found it for this pair (exact against the references, and the pipelined loop faster; stored in --db); elsewhere off.")]
+LaunchKernelsOpt = Annotated[Optional[bool], typer.Option("--launch-kernels/--no-launch-kernels", help="In dspark-pipe and dspark-tree-pipe modes, launch fewer kernels a round: the verify's attention through dspark-lab's CUDA kernel at every width (a tree's rows with their ancestors), each layer's new keys and values written by one kernel, a tree round's kept path moved by one kernel for every layer (engine/cache_kernels.py). The pipelined loop is bound by launching on a GPU; on an H100 the 0.5B's chain decoded 1.01-1.34x and its trees 1.13-1.53x faster on code, math and chat (forty-ninth round). The attention sums in float32, so a bfloat16 near-tie may order two tokens the other way. Default: in those modes on CUDA, as a one-time probe on this machine found it for this pair (exact against the references, and the pipelined loop faster; stored in --db); elsewhere off.")]
 AttentionKernelOpt = Annotated[Optional[bool], typer.Option("--attention-kernel/--no-attention-kernel", help="In draft-pipe mode, run the draft model's one-row steps' attention (at a position held on the device, over a masked buffer) through dspark-lab's CUDA kernel (engine/attention_kernel.py): 4.2x faster than MLX's there on an H100, draft-pipe 1.2-1.5x faster (fortieth round); it changes only the drafts, never the tokens. In baseline mode, replay plain decoding's one-row step compiled with its attention through the kernel: 1.07-1.10x faster on an H100 (forty-first round); a bfloat16 near-tie may then order two tokens the other way. Default: on CUDA in those two modes, as a one-time probe on this machine found it for this model or pair (exact against its float32 reference, and the decoding faster; stored in --db); elsewhere off.")]
 
 
@@ -159,10 +159,10 @@ def _compiled_greedy_step(target, tokenizer, attention_kernel: bool | None, *, d
     return bool(attention_kernel)
 
 
-def _use_launch_kernels(target, launch_kernels: bool | None, mode: "Mode", *, loop: tuple, db: Path, model_id: str) -> None:
+def _use_launch_kernels(target, launch_kernels: bool | None, mode: "Mode", *, loop: tuple | None, db: Path, model_id: str) -> None:
     """--launch-kernels: the pipelined loops' launch-saving kernels when asked, or (not given) in
     dspark-pipe and dspark-tree-pipe on CUDA when the stored or a fresh probe on this machine says
-    so for this pair (it times the pipelined loop both ways)."""
+    so for this pair (it times the pipelined chain both ways, for the trees' mode too)."""
     from .engine.kernels import cuda_available
     from .lab.kernel_probe import launch_kernels as cuda_kernels
 

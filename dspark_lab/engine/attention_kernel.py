@@ -21,8 +21,8 @@ masked buffer at one row (MLX's unfused fallback there), slower than cuDNN from 
 But the pipelined loops are bound by launching (forty-eighth round), and cuDNN's attention is a
 child graph nested in a child graph with a memset, where this is one kernel that reads the queries
 through their strides and writes its output rows by heads (no copy before or after): through it at
-every width, trees included, a round launches about 100 kernels fewer and the 0.5B's chain decoded
-1.17-1.34x faster (forty-ninth round). Target.route_attention sends the widths a policy takes
+every width, trees included, a round launches about 100 kernels fewer, and with the cache kernels
+(cache_kernels.py) the 0.5B's chain decoded 1.01-1.34x faster, its trees 1.13-1.53x (forty-ninth round). Target.route_attention sends the widths a policy takes
 through it; Target.use_launch_kernels takes every width.
 """
 

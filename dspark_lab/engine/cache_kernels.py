@@ -8,6 +8,9 @@ operations, a dynamic slice update each: on CUDA two kernels each (the offset co
 copy), four a layer. `cache_write_kernel` writes both in one: it writes the layer's buffers anew,
 each position from the new rows or the old buffer. That copies the buffers (a few hundred
 kilobytes a layer at these lengths: well under a microsecond of bandwidth each) to launch once.
+The copy grows with the context: the 1.5B's buffers at 32k tokens hold about 0.9 GB, read and
+written each forward (some 0.7 ms on an H100), where MLX's updates write in place (an MLX custom kernel cannot write into its
+input); measured only at short contexts so far (docs/performance.md, forty-ninth round).
 
 Moving a tree's kept path: after a pipelined tree round (compiled.OffsetForward.tree_round) the rows of the path the
 target kept must follow the cache in path order. With MLX's operations that is a gather and a
@@ -32,7 +35,7 @@ import mlx.core as mx
 from .kernels import cuda_available
 
 # One thread an element of one array; {cases} picks the array (inputs a0.., outputs o0..).
-_SOURCE = """
+_MOVE = """
     const int L = a0_shape[2];
     const int D = a0_shape[3];
     const size_t per = (size_t)a0_shape[0] * a0_shape[1] * L * D;
@@ -131,7 +134,7 @@ def cache_move_kernel() -> Callable[[Sequence[mx.array], mx.array, mx.array], li
         if n not in _built:  # one kernel for each number of arrays
             cases = "\n".join(f"        case {j}: o{j}[e] = a{j}[src]; break;" for j in range(n))
             _built[n] = mx.fast.cuda_kernel(name=f"dspark_cache_move_{n}", input_names=[f"a{j}" for j in range(n)] + ["offset", "path"],
-                                            output_names=[f"o{j}" for j in range(n)], source=_SOURCE.format(count=n, cases=cases))
+                                            output_names=[f"o{j}" for j in range(n)], source=_MOVE.format(count=n, cases=cases))
         total = n * arrays[0].size
         return _built[n](inputs=[*arrays, offset.reshape(1).astype(mx.int32), path.astype(mx.int32)],
                          grid=(total, 1, 1), threadgroup=(256, 1, 1),

@@ -498,7 +498,7 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
                 say(f"skipping drafter {d} for {model_id} in mode {mode}: {e}")
     piped_heads = [(d, h) for (m, d), h in drafters.items() if m in ("dspark-pipe", "dspark-tree-pipe")]
     if piped_heads:  # keyed as generate keys it, so either finds the other's verdict
-        (d, head), = piped_heads[:1]
+        d, head = piped_heads[0]
         _route_launch_kernels(target, head, tok, engine, run_id, f"{model_id}|{d}|{cfg.drafter_bits}", say)
     draft_modes = [m for m in DRAFT_MODES if m in cfg.modes]
     if draft_modes:
