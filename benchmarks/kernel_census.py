@@ -29,22 +29,25 @@ DOTS.mkdir(parents=True, exist_ok=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# Label of a graph node in cudaGraphDebugDotPrint's output: label="..." (possibly over lines).
-LABEL = re.compile(r'label="((?:[^"\\]|\\.)*)"', re.S)
+# A node of a graph in cudaGraphDebugDotPrint's output and its label (over lines); a subgraph
+# cluster's own label (label="graph_N" graph[...]) is not a node.
+NODE_LABEL = re.compile(r'"graph_\d+_node_\d+"\[[^\[]*?label="((?:[^"\\]|\\.)*)"', re.S)
 
 
-def kernel_name(label: str) -> str | None:
-    """The short name of the kernel a node label ("INDEX\nMANGLED NAME") names; "child graph" for a
-    child graph's node (cuDNN's and cuBLAS's, whose own kernels the file lists apart), None for
-    any other node."""
+def kernel_name(label: str) -> str:
+    """The short name of what a node label ("INDEX\nNAME...") launches: a kernel's name
+    (mlx::core::cu::rope<...> -> rope), "child graph" for a child graph's node (cuDNN's and
+    cuBLAS's work; its own nodes are listed in its cluster and counted too), "memset"."""
     lines = [s.strip() for s in label.splitlines() if s.strip()]
-    name = lines[-1] if lines else ""
+    name = lines[1] if len(lines) > 1 else (lines[0] if lines else "")
     if name.startswith("graph_"):
         return "child graph"
+    if name == "MEMSET":
+        return "memset"
     if not name.startswith("_Z"):
-        return None
+        return name[:60]  # an unmangled kernel (cuDNN's generated ones)
     # Itanium mangling: _ZN <len><id> <len><id> ... ; the kernel is the last identifier before a
-    # template's arguments (I) or the name's end (E): mlx::core::cu::rope<...> -> rope.
+    # template's arguments (I) or the name's end (E).
     parts, i = [], 3 if name.startswith("_ZN") else 2
     while i < len(name) and name[i].isdigit():
         j = i
@@ -60,10 +63,8 @@ def kernel_name(label: str) -> str | None:
 def census(files: list[Path]) -> Counter:
     names: Counter = Counter()
     for f in files:
-        for label in LABEL.findall(f.read_text(errors="replace")):
-            name = kernel_name(label)
-            if name:
-                names[name] += 1
+        for label in NODE_LABEL.findall(f.read_text(errors="replace")):
+            names[kernel_name(label)] += 1
     return names
 
 
