@@ -1,7 +1,7 @@
 """Kernel launches taken out of a pipelined round, decoding side by side (CUDA only).
 
-    python benchmarks/launch_cuts.py --model DIR --head DIR [--caps 7] [--tree-nodes 15] [--copies base,attn,move,attn+move]
-        [--prompts 3] [--max-new-tokens 128] [--json F]
+    python benchmarks/launch_cuts.py --model DIR --head DIR [--caps 7] [--tree-nodes 15]
+        [--copies base,attn,attn+write,attn+write+move] [--prompts 3] [--max-new-tokens 128] [--json F]
 
 The pipelined loop is bound by the host's launching (docs/performance.md, forty-eighth round), and
 benchmarks/kernel_census.py counts what a round launches. Three cuts, each a setting of the target:
@@ -9,16 +9,17 @@ benchmarks/kernel_census.py counts what a round launches. Three cuts, each a set
 through engine/attention_kernel.py, one kernel a layer where MLX's cuDNN attention is a child
 graph (and a memset) a layer; `write` writes each layer's new keys and values with
 engine/cache_kernels.py's one kernel where MLX's dynamic slice updates launch four; `move` moves a
-tree round's kept path with its one kernel where MLX's operations launch about eight a layer.
-Each copy of the target (the engine's
-rows-kernel routing in all) is loaded apart with its own head; on each prompt (the first --prompts
-of code, math, chat) every copy decodes greedily (the plain step, and the compiled one-row step
-the cuts reach too), as the pipelined chain at each cap and as trees of
-each --tree-nodes as deep as the first cap, after a warm-up of every arm. Reported: each arm's
-decode rate over greedy decoding on the prompt (the median of the copies' greedy rates: the cuts
-touch only the array-offset forwards, so every copy's greedy runs the same kernels), its accept,
-and whether its tokens equal its own copy's greedy. Before decoding, the kernels are checked against their references on the
-model's own shapes (the attention's largest difference; the move's bit for bit).
+tree round's kept path with its one kernel where MLX's operations launch about eight a layer
+(together: Target.use_launch_kernels). Each copy of the target (the engine's rows-kernel routing in
+all) is loaded apart with its own head; on each prompt (the first --prompts of code, math, chat)
+every copy decodes greedily (the plain step, and the compiled one-row step the cuts reach too), as
+the pipelined chain at each cap and as trees of each --tree-nodes as deep as the first cap, after a
+warm-up of every arm. Reported: each arm's decode rate over greedy decoding on the prompt (the
+median of the copies' greedy rates: the cuts touch only the array-offset forwards, so every copy's
+greedy runs the same kernels), its accept, and whether its tokens equal its own copy's greedy.
+Before decoding, the kernels are checked as the engine's probe checks them
+(lab/kernel_probe.measure_launch_kernels, untimed). The forty-ninth round's runs printed the
+largest differences of an earlier check instead (docs/results/h100_49_cuts*_qwen05.log).
 """
 
 from __future__ import annotations
@@ -50,47 +51,6 @@ def apply_cuts(target, cuts: set[str]) -> None:
         target.move_tree_paths_with(cache_move_kernel())
 
 
-def check_kernels(target) -> dict:
-    """The attention kernel (chain and tree rows) and the move kernel against their references."""
-    from dspark_lab.engine.attention_kernel import reference_rows_attention, rows_attention
-    from dspark_lab.engine.cache_kernels import cache_move_kernel, cache_write_kernel, moved_by_operations, written_by_operations
-
-    cache = target.make_cache()
-    target.forward(mx.array([1, 2, 3], dtype=mx.uint32), cache)
-    args = target.model.args
-    heads, kv = args.num_attention_heads, args.num_key_value_heads
-    d = cache[0].keys.shape[-1]
-    key = mx.random.key(0)
-    out = {}
-    attention = rows_attention()
-    for rows in (8, 16):
-        q = mx.random.normal((1, heads, rows, d), key=key).astype(mx.bfloat16)
-        k, v = (mx.random.normal((1, kv, 512, d), key=mx.random.key(s)).astype(mx.bfloat16) for s in (1, 2))
-        offset = mx.array(300, dtype=mx.int32)
-        parent = [-1] + [(i - 1) // 2 for i in range(1, rows)]  # a binary tree
-        anc = [[False] * rows for _ in range(rows)]
-        for r in range(rows):
-            p = r
-            while p >= 0:
-                anc[r][p], p = True, parent[p]
-        ancestors = mx.array(anc)
-        for name, a in (("chain", None), ("tree", ancestors)):
-            got = attention(q, k, v, offset, d**-0.5, ancestors=a)
-            want = reference_rows_attention(q, k, v, offset, d**-0.5, ancestors=a)
-            out[f"attention {name} {rows} rows"] = (mx.abs(got.astype(mx.float32) - want.astype(mx.float32)).max()
-                                                   / mx.abs(want.astype(mx.float32)).max()).item()
-    arrays = [mx.random.normal((1, kv, 1024, d), key=mx.random.key(10 + i)).astype(mx.bfloat16) for i in range(2 * len(cache))]
-    path = mx.array([0, 3, 5, 6, 9, 0, 0, 0], dtype=mx.int32)
-    moved = cache_move_kernel()(arrays, mx.array(700, dtype=mx.int32), path)
-    want = moved_by_operations(arrays, mx.array(700, dtype=mx.int32), path)
-    out["move equal"] = all(mx.array_equal(a, b).item() for a, b in zip(moved, want))
-    new = [mx.random.normal((1, 8, kv, d), key=mx.random.key(s)).astype(mx.bfloat16).transpose(0, 2, 1, 3) for s in (3, 4)]
-    written = cache_write_kernel()(arrays[0], arrays[1], *new, mx.array(700, dtype=mx.int32))
-    want = written_by_operations(arrays[0], arrays[1], *new, mx.array(700, dtype=mx.int32))
-    out["write equal"] = all(mx.array_equal(a, b).item() for a, b in zip(written, want))
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -117,7 +77,10 @@ def main() -> None:
         target.route_quantized_rows(quantized_rows_matmul())
         apply_cuts(target, set(name.split("+")) - {"base"})
         copies[name] = (target, load_dspark(a.head, target, bits=16))
-    checks = check_kernels(next(iter(copies.values()))[0])
+    from dspark_lab.lab.kernel_probe import measure_launch_kernels
+
+    check = measure_launch_kernels(next(iter(copies.values()))[0])  # the engine probe's check, untimed
+    checks = {"exact": check.exact, "checked": check.checked, "reason": check.reason}
     print("kernel checks:", checks, flush=True)
 
     def arms(name, ids, n):
