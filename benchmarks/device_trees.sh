@@ -5,14 +5,18 @@
 #   OUT=$OUT bash benchmarks/device_trees.sh bench NAME    decoding side by side: MLX's greedy, and
 #       through the engine's routing its greedy, the chain at caps 3 and 7 and trees of TREES
 #       (NODES@DEPTH[+lk]; default 7@7,15@7,16@7,15@5,8@7+lk: 8, 16, 17, 16 and 16 verify rows) -> OUT/NAME_trees.{json,log}
+#   OUT=$OUT bash benchmarks/device_trees.sh cuts NAME    the launch kernels (forty-ninth round) side by
+#       side: base and attn+write+move copies, greedy (plain and compiled step), the chain at cap 7,
+#       trees of NODES (default 15), PROMPTS (default 3) a set -> OUT/NAME_cuts.{json,log}
 #   OUT=$OUT bash benchmarks/device_trees.sh sweep NAME [--resume]   the lab's sweep of the routed
 #       copy: the chain and trees of NODES (default 15) at caps CAPS (default 5,7), 8 prompts a set,
-#       2 trials, stopped 580 s into the call (a sweep keeps every finished trial: --resume goes on)
-#       -> OUT/sweep_trees_NAME.{json,log}  (not run yet: the bench found the trees no faster)
+#       2 trials, stopped 580 s into the call (a sweep keeps every finished trial: --resume goes on);
+#       the launch kernels as the engine's probe finds them (its verdict in the run's config)
+#       -> OUT/sweep_trees_NAME.{json,log}  (not run yet)
 # NAME is qwen15 or qwen05 (/root/ship/NAME/...; HEADS overrides /root/ship/data/heads; KEEP, default
 # /root, holds what a later call on the same machine reads: the sweep's database and log).
 set -o pipefail
-step=${1:?usage: device_trees.sh bench NAME | sweep NAME [--resume]}
+step=${1:?usage: device_trees.sh bench NAME | cuts NAME | sweep NAME [--resume]}
 name=${2:?name the model: qwen15 or qwen05}
 shift 2
 out=${OUT:?set OUT to the folder whose files come back}
@@ -29,6 +33,9 @@ case $step in
     timeout 420 python3 benchmarks/rows_kernel.py --model "$model" --head "$heads/$name" --rows "" --widths "" \
       --caps 3,7 --tree-pipe "${TREES:-7@7,15@7,16@7,15@5,8@7+lk}" --prompts "${PROMPTS:-8}" --max-new-tokens 128 \
       --copies worth_routing:mma --mlx-greedy-only --json "$out/${name}_trees.json" 2>&1 | tee "$out/${name}_trees.log" ;;
+  cuts)
+    timeout 540 python3 benchmarks/launch_cuts.py --model "$model" --head "$heads/$name" --caps 7 --tree-nodes "${NODES:-15}" \
+      --prompts "${PROMPTS:-3}" --copies base,attn+write+move --json "$out/${name}_cuts.json" 2>&1 | tee "$out/${name}_cuts.log" ;;
   sweep)
     left=$((580 - SECONDS))
     timeout "$left" python3 -m dspark_lab sweep -m "$model" -d "$heads/$name" --drafter-bits 16 \
@@ -36,5 +43,5 @@ case $step in
       --precisions rows-kernel --prompt-limit 8 --trials 2 -n 128 --db "$keep/sweep_trees_$name.duckdb" \
       --json "$out/sweep_trees_$name.json" "$@" 2>&1 | tee -a "$keep/sweep_trees_$name.log"
     cp "$keep/sweep_trees_$name.log" "$out/" ;;
-  *) echo "unknown step $step (bench NAME, sweep NAME)" >&2; exit 2 ;;
+  *) echo "unknown step $step (bench NAME, cuts NAME, sweep NAME)" >&2; exit 2 ;;
 esac
