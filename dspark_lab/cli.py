@@ -90,7 +90,7 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow check
 
 
 LaunchKernelsOpt = Annotated[Optional[bool], typer.Option("--launch-kernels/--no-launch-kernels", help="In dspark-pipe and dspark-tree-pipe modes, launch fewer kernels a round: the verify's attention through dspark-lab's CUDA kernel at every width (a tree's rows with their ancestors), each layer's new keys and values written by one kernel, a tree round's kept path moved by one kernel for every layer (engine/cache_kernels.py). The pipelined loop is bound by launching on a GPU; on an H100 the 0.5B's chain decoded 1.01-1.34x and its trees 1.13-1.53x faster on code, math and chat (forty-ninth round). The attention sums in float32, so a bfloat16 near-tie may order two tokens the other way. Default: in those modes on CUDA, as a one-time probe on this machine found it for this pair (exact against the references, and the pipelined loop faster; stored in --db); elsewhere off.")]
-AttentionKernelOpt = Annotated[Optional[bool], typer.Option("--attention-kernel/--no-attention-kernel", help="In draft-pipe mode, run the draft model's one-row steps' attention (at a position held on the device, over a masked buffer) through dspark-lab's CUDA kernel (engine/attention_kernel.py): 4.2x faster than MLX's there on an H100, draft-pipe 1.2-1.5x faster (fortieth round); it changes only the drafts, never the tokens. In baseline mode, replay plain decoding's one-row step compiled with its attention through the kernel: 1.07-1.10x faster on an H100 (forty-first round); a bfloat16 near-tie may then order two tokens the other way. Default: on CUDA in those two modes, as a one-time probe on this machine found it for this model or pair (exact against its float32 reference, and the decoding faster; stored in --db); elsewhere off.")]
+AttentionKernelOpt = Annotated[Optional[bool], typer.Option("--attention-kernel/--no-attention-kernel", help="In draft-pipe mode, run the draft model's one-row steps' attention (at a position held on the device, over a masked buffer) through dspark-lab's CUDA kernel (engine/attention_kernel.py): 4.2x faster than MLX's there on an H100, draft-pipe 1.2-1.5x faster (fortieth round); it changes only the drafts, never the tokens. In baseline mode, replay plain decoding's one-row step compiled with its attention through the kernel and its cache writes through one kernel a layer (engine/cache_kernels.py): 1.21-1.25x the plain step on an H100 (forty-ninth round; the attention alone 1.07-1.10x, forty-first); a bfloat16 near-tie may then order two tokens the other way. Default: on CUDA in those two modes, as a one-time probe on this machine found it for this model or pair (exact against its float32 reference, and the decoding faster; stored in --db); elsewhere off.")]
 
 
 def _probe_says(db: Path, flag: str, choose) -> bool:
@@ -155,7 +155,10 @@ def _compiled_greedy_step(target, tokenizer, attention_kernel: bool | None, *, d
         attention_kernel = _probe_says(db, "--attention-kernel", lambda engine: choose_greedy_step(
             target, tokenizer=tokenizer, db=engine, model_id=model_id))
     if attention_kernel:
+        from .engine.cache_kernels import cache_writer_here
+
         target.route_attention(_built_or_refused("--attention-kernel", rows_attention))
+        target.write_cache_with(cache_writer_here())  # what the probe timed with it
     return bool(attention_kernel)
 
 

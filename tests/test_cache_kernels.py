@@ -131,4 +131,5 @@ def test_the_once_a_model_checks_run_mlxs_operations_while_launch_kernels_are_on
     got = speculative_generate(target, tok, head, ids, max_new_tokens=12, max_draft_tokens=4, tree_nodes=8, pipeline=True)
     assert got.token_ids == want
     assert target._offset_checked is not None and target._tree_checked
-    assert target._launch_kernels_in_use() == kernels and target.attention_route.policy(16)
+    assert target.attention_route.kernel is kernels[0] and target.attention_route.policy(16)
+    assert target.cache_writer is kernels[1] and target.tree_path_mover is kernels[2]

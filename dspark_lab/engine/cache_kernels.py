@@ -109,6 +109,16 @@ def cache_write_kernel() -> Callable[..., tuple[mx.array, mx.array]]:
     return write
 
 
+def cache_writer_here() -> Callable[..., tuple[mx.array, mx.array]] | None:
+    """The cache write kernel where this machine can build it, else None (MLX's operations): for the
+    compiled one-row greedy step, whose writes it takes wherever its attention takes the attention
+    kernel (the step's own probe times them together)."""
+    try:
+        return cache_write_kernel()
+    except RuntimeError:
+        return None
+
+
 def moved_by_operations(arrays: Sequence[mx.array], offset: mx.array, path: mx.array) -> list[mx.array]:
     """Each (1, heads, positions, dim) array with positions offset + j holding what row
     offset + path[j] held (j over path's length), in MLX operations."""

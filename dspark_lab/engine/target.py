@@ -14,6 +14,7 @@ fails is refused, naming its model_type.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -339,11 +340,22 @@ class Target:
         self.write_cache_with(writer)
         self.move_tree_paths_with(mover)
 
-    def _launch_kernels_in_use(self) -> tuple | None:
-        """The (attention, writer, mover) use_launch_kernels set, or None when it set none."""
-        if self.cache_writer is None and self.tree_path_mover is None:
-            return None
-        return (self.attention_route.kernel if self.attention_route else None, self.cache_writer, self.tree_path_mover)
+    def _custom_kernels_set(self) -> bool:
+        """Whether an attention route, cache writer or tree mover stands in for MLX's operations."""
+        return any(x is not None for x in (self.attention_route, self.cache_writer, self.tree_path_mover))
+
+    @contextmanager
+    def _on_mlx_operations(self):
+        """Within: the array-offset forwards on MLX's own attention, writes and moves; after: the
+        route, writer and mover exactly as they were (compiled traces dropped both ways)."""
+        saved = (self.attention_route, self.cache_writer, self.tree_path_mover)
+        self.attention_route = self.cache_writer = self.tree_path_mover = None
+        self._drop_offset_traces()
+        try:
+            yield
+        finally:
+            self.attention_route, self.cache_writer, self.tree_path_mover = saved
+            self._drop_offset_traces()
 
     def write_cache_with(self, writer) -> None:
         """Write the array-offset forwards' new keys and values with `writer(keys, values, new_keys,
@@ -485,13 +497,9 @@ class Target:
         difference; raises LoadError naming the model_type when it exceeds PROBE_RTOL."""
         if self._offset_checked is not None:
             return self._offset_checked
-        kernels = self._launch_kernels_in_use()
-        if kernels is not None:  # checked apart (lab/kernel_probe.py): the check runs MLX's operations
-            self.use_launch_kernels(None)
-            try:
+        if self._custom_kernels_set():  # checked apart (lab/kernel_probe.py): the check runs MLX's operations
+            with self._on_mlx_operations():
                 return self.check_offset_forward()
-            finally:
-                self.use_launch_kernels(kernels)
         routing = self._routing
         if routing is not None:
             # What is checked is the position handling (mask, rotation, cache writes), so both
@@ -638,15 +646,11 @@ class Target:
         mode = self.tree_compiled
         if mode in self._tree_checked:
             return self._tree_checked[mode]
-        kernels = self._launch_kernels_in_use()
-        if kernels is not None:
+        if self._custom_kernels_set():
             # What is checked is the tree's positions and masks, against MLX's own operations on
-            # both sides; the launch kernels have their own check (lab/kernel_probe.py).
-            self.use_launch_kernels(None)
-            try:
+            # both sides; the kernels have their own checks (lab/kernel_probe.py).
+            with self._on_mlx_operations():
                 return self.check_tree_forward()
-            finally:
-                self.use_launch_kernels(kernels)
         if not can_compile(self.make_cache()):
             raise InputError(f"tree drafts need plain KV caches; model_type {self.model_type!r} keeps recurrent, rotating or "
                              "quantized cache state. Leave tree_nodes at 0 for it.")

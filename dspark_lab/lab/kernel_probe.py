@@ -523,16 +523,24 @@ def _greedy_step_ms(target, tokenizer, candidate, *, tokens: int, passes: int) -
     run after each switch (routing drops the compiled traces). Their tokens may part where two
     logits tie within a bfloat16 step (the kernel sums attention in float32, MLX's one-row kernel
     does not), both the model's argmax, so that is no failure; the kernel's own check came first.
-    Leaves the target's attention unrouted."""
+    The compiled steps write the cache through engine/cache_kernels.py's kernel where this machine
+    builds it (bit-equal to MLX's updates, one launch a layer for four). Leaves the target unrouted."""
     from ..engine.generate import greedy_generate
 
+    from ..engine.cache_kernels import cache_writer_here
+
     ids = _code_prompt_ids(tokenizer)
+    writer = cache_writer_here()
+
+    def route(routed: bool) -> None:
+        target.route_attention(candidate if routed else None)
+        target.write_cache_with(writer if routed else None)
+
     try:
         times, _ = _timed_both_ways(
-            lambda routed: target.route_attention(candidate if routed else None),
-            lambda routed: greedy_generate(target, tokenizer, ids, max_new_tokens=tokens, compiled_step=routed), passes)
+            route, lambda routed: greedy_generate(target, tokenizer, ids, max_new_tokens=tokens, compiled_step=routed), passes)
     finally:
-        target.route_attention(None)
+        route(False)
     return statistics.median(times["mlx"]), statistics.median(times["kernel"]), None
 
 
@@ -552,8 +560,10 @@ def choose_greedy_step(target, *, tokenizer=None, db=None, reprobe: bool = False
     """The stored verdict for plain decoding's compiled one-row step through the attention kernel on
     this machine and model (`model_id`), else a fresh probe (measure_greedy_step), stored when `db`
     is given."""
+    # "writes": the compiled step writes its cache through the kernel since the forty-ninth round; a
+    # verdict timed before (attention alone) is timed again.
     options = {"offsets": list(ATTENTION_OFFSETS), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
-               "stage": "loop" if tokenizer is not None else "check"}
+               "stage": "loop" if tokenizer is not None else "check", "writes": "kernel"}
     return _stored_or_measured("greedy_step", options, model_id, db, reprobe,
                                lambda: measure_greedy_step(target, candidate, tokenizer=tokenizer))
 

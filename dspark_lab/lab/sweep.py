@@ -635,10 +635,13 @@ def _route_step_attention(target, engine, run_id: str, model_id: str, say) -> No
     from ..engine import attention_kernel
     from .kernel_probe import measure_greedy_step
 
+    from ..engine.cache_kernels import cache_writer_here
+
     verdict = measure_greedy_step(target)  # the check alone: the sweep's own arms do the timing
     say(f"{model_id}: the compiled-step arm's attention through {'the kernel' if verdict.exact else 'MLX'}: {verdict.reason}")
     if verdict.exact:
         target.route_attention(attention_kernel.rows_attention())
+        target.write_cache_with(cache_writer_here())  # as generate --mode baseline steps
     _note_chosen(engine, run_id, "step_attention_checked", model_id, verdict.to_dict())
 
 
