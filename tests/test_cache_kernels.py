@@ -133,3 +133,20 @@ def test_the_once_a_model_checks_run_mlxs_operations_while_launch_kernels_are_on
     assert target._offset_checked is not None and target._tree_checked
     assert target.attention_route.kernel is kernels[0] and target.attention_route.policy(16)
     assert target.cache_writer is kernels[1] and target.tree_path_mover is kernels[2]
+
+
+def test_the_probes_compare_a_writer_with_mlxs_updates_bit_for_bit(tmp_path):
+    """lab/kernel_probe._writes_equal (the greedy-step and launch probes' check of a cache writer):
+    MLX's own updates pass, a writer that puts the rows one position late does not."""
+    from dspark_lab import load_target
+    from dspark_lab.lab import kernel_probe
+    from dspark_lab.tiny import build_tiny_model
+
+    target, _ = load_target(build_tiny_model(tmp_path / "qwen3", "qwen3", seed=7))
+
+    def late(keys, values, new_keys, new_values, offset):
+        return cache_kernels.written_by_operations(keys, values, new_keys, new_values, offset + 1)
+
+    assert kernel_probe._writes_equal(target, cache_kernels.written_by_operations)
+    assert not kernel_probe._writes_equal(target, late)
+    assert cache_kernels.cache_writer_here() is None or cache_kernels.cuda_available()

@@ -525,12 +525,13 @@ def _greedy_step_ms(target, tokenizer, candidate, *, tokens: int, passes: int) -
     does not), both the model's argmax, so that is no failure; the kernel's own check came first.
     The compiled steps write the cache through engine/cache_kernels.py's kernel where this machine
     builds it (bit-equal to MLX's updates, one launch a layer for four). Leaves the target unrouted."""
-    from ..engine.generate import greedy_generate
-
     from ..engine.cache_kernels import cache_writer_here
+    from ..engine.generate import greedy_generate
 
     ids = _code_prompt_ids(tokenizer)
     writer = cache_writer_here()
+    if writer is not None and not _writes_equal(target, writer):
+        writer = None  # MLX's updates then, as without the kernel
 
     def route(routed: bool) -> None:
         target.route_attention(candidate if routed else None)
@@ -587,7 +588,7 @@ def _launch_exactness(target, kernels) -> tuple[int, str | None]:
     within one bfloat16 step of the float32 reference; the writer and the mover bit-equal to MLX's
     operations on every layer's cache buffers."""
     from ..engine.attention_kernel import reference_rows_attention, supports
-    from ..engine.cache_kernels import moved_by_operations, written_by_operations
+    from ..engine.cache_kernels import moved_by_operations
 
     attention, writer, mover = kernels
     cfg = target.config
@@ -618,19 +619,36 @@ def _launch_exactness(target, kernels) -> tuple[int, str | None]:
             if not err <= max(largest, 1e-3) * 2.0 ** -7:
                 return compared, f"the attention of a {shape} of {rows} rows: off the float32 reference by {err:.3g}"
             compared += 1
-    # Buffers of every layer's cache layout, filled at random (a fresh cache's are mostly zeros,
-    # which would hide a misplaced row).
-    buffers = [mx.random.normal(c.keys.shape, key=mx.random.key(10 + i)).astype(dtype) for i, c in enumerate(cache) for _ in (0, 1)]
-    buffers = [b * (1 + i) for i, b in enumerate(buffers)]  # no two alike
-    new = [mx.random.normal((1, 8, kv, d), key=mx.random.key(s)).astype(dtype).transpose(0, 2, 1, 3) for s in (3, 4)]
-    at = mx.array(min(2, buffers[0].shape[2] - 8), dtype=mx.int32)
-    if not all(mx.array_equal(a, b).item() for a, b in zip(writer(buffers[0], buffers[1], *new, at),
-                                                             written_by_operations(buffers[0], buffers[1], *new, at))):
+    buffers = _random_buffers(cache)
+    if not _writes_equal(target, writer, buffers):
         return compared, "the cache writer's buffers differ from MLX's slice updates"
-    path = mx.array([0, 3, 1, 2], dtype=mx.int32)
+    at, path = mx.array(2, dtype=mx.int32), mx.array([0, 3, 1, 2], dtype=mx.int32)
     if not all(mx.array_equal(a, b).item() for a, b in zip(mover(buffers, at, path), moved_by_operations(buffers, at, path))):
         return compared, "the tree path's move differs from MLX's gathers and slice updates"
     return compared + 2, None
+
+
+def _random_buffers(cache) -> list[mx.array]:
+    """Keys and values buffers of every layer's cache layout, filled at random (a fresh cache's are
+    mostly zeros, which would hide a misplaced row), no two alike."""
+    dtype = cache[0].keys.dtype
+    buffers = [mx.random.normal(c.keys.shape, key=mx.random.key(10 + i)).astype(dtype) for i, c in enumerate(cache) for _ in (0, 1)]
+    return [b * (1 + i) for i, b in enumerate(buffers)]
+
+
+def _writes_equal(target, writer, buffers: list[mx.array] | None = None) -> bool:
+    """Whether `writer` writes 8 strided rows into a layer's buffers bit-equal to MLX's slice updates."""
+    from ..engine.cache_kernels import written_by_operations
+
+    if buffers is None:
+        cache = target.make_cache()
+        target.forward(mx.array([1, 2, 3], dtype=mx.uint32), cache)
+        buffers = _random_buffers(cache)
+    (_, kv, _, d), dtype = buffers[0].shape, buffers[0].dtype
+    new = [mx.random.normal((1, 8, kv, d), key=mx.random.key(s)).astype(dtype).transpose(0, 2, 1, 3) for s in (3, 4)]
+    at = mx.array(2, dtype=mx.int32)
+    return all(mx.array_equal(a, b).item() for a, b in zip(writer(buffers[0], buffers[1], *new, at),
+                                                           written_by_operations(buffers[0], buffers[1], *new, at)))
 
 
 def _launch_loop_ms(target, drafter, tokenizer, kernels, *, tokens: int, passes: int) -> tuple[float, float, None]:
