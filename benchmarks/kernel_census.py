@@ -24,9 +24,6 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-DOTS = Path(os.environ.get("CENSUS_DOTS") or tempfile.mkdtemp(prefix="census-"))
-DOTS.mkdir(parents=True, exist_ok=True)
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # A node of a graph in cudaGraphDebugDotPrint's output and its label (over lines); a subgraph
@@ -68,19 +65,19 @@ def census(files: list[Path]) -> Counter:
     return names
 
 
-def written() -> list[Path]:
-    return sorted(DOTS.glob("g_*.dot"), key=lambda p: int(p.stem.split("_")[-1]))
+def written(dots: Path) -> list[Path]:
+    return sorted(dots.glob("g_*.dot"), key=lambda p: int(p.stem.split("_")[-1]))
 
 
-def counted(run) -> tuple[Counter, object]:
-    """Kernels launched by run() (its graphs written as dot files), and its result."""
+def counted(dots: Path, run) -> tuple[Counter, object]:
+    """Kernels launched by run() (its graphs written as dot files into `dots`), and its result."""
     import mlx.core as mx
 
     mx.synchronize()
-    before = len(written())
+    before = len(written(dots))
     out = run()
     mx.synchronize()
-    return census(written()[before:]), out
+    return census(written(dots)[before:]), out
 
 
 def main() -> None:
@@ -98,8 +95,11 @@ def main() -> None:
     ap.add_argument("--launch-time", action="store_true", help="no census: time mx.async_eval a step or round")
     ap.add_argument("--cuts", default="", help="attn, write, move (benchmarks/launch_cuts.py): the target so set")
     a = ap.parse_args()
+    dots = None  # --launch-time: no dot files
     if not a.launch_time:
-        os.environ["MLX_SAVE_CUDA_GRAPHS_DOT_FILE"] = str(DOTS / "g")
+        dots = Path(os.environ.get("CENSUS_DOTS") or tempfile.mkdtemp(prefix="census-"))
+        dots.mkdir(parents=True, exist_ok=True)
+        os.environ["MLX_SAVE_CUDA_GRAPHS_DOT_FILE"] = str(dots / "g")  # read once, when MLX's CUDA backend starts
 
     import mlx.core as mx
 
@@ -135,16 +135,11 @@ def main() -> None:
 
     for _, cap, nodes in arms:  # warm up: every kernel JIT-compiled, every trace made
         go(cap, nodes, a.long)
-    launch_time: list[float] = []
     real_async_eval = mx.async_eval
+    if a.launch_time:
+        from round_host_time import TIMES, _timed  # this folder's, beside this script
 
-    def timed_async_eval(*args):
-        import time
-
-        t = time.perf_counter()
-        real_async_eval(*args)
-        launch_time.append(time.perf_counter() - t)
-
+        timed_async_eval, launch_time = _timed("launch", real_async_eval), TIMES["launch"]
     for name, cap, nodes in arms:
         unit = "step" if cap is None else "round"
         if a.launch_time:
@@ -157,8 +152,8 @@ def main() -> None:
             print(f"{name}: mx.async_eval median {ms:.2f} ms a call; {per_token * accept:.2f} ms a {unit}"
                   f" ({per_token:.2f} a token, accept {accept:.2f})", flush=True)
             continue
-        short, r_short = counted(lambda: go(cap, nodes, a.short))
-        long, r_long = counted(lambda: go(cap, nodes, a.long))
+        short, r_short = counted(dots, lambda: go(cap, nodes, a.short))
+        long, r_long = counted(dots, lambda: go(cap, nodes, a.long))
         steps = (r_long.num_tokens - r_short.num_tokens) if cap is None else (r_long.num_rounds - r_short.num_rounds)
         per = Counter({k: (long[k] - short[k]) / steps for k in long | short})
         extra = "" if cap is None else f", accept {r_long.mean_accept_len:.2f}"
@@ -166,10 +161,10 @@ def main() -> None:
         for k, v in sorted(per.items(), key=lambda kv: -kv[1])[: a.top]:
             if abs(v) >= 0.05:
                 print(f"  {v:7.2f}  {k}")
-    if a.dots:
+    if a.dots and dots is not None:
         out = Path(a.dots)
         out.mkdir(parents=True, exist_ok=True)
-        for f in written()[-a.keep:]:
+        for f in written(dots)[-a.keep:]:
             (out / f.name).write_bytes(f.read_bytes())
 
 

@@ -345,7 +345,7 @@ class Target:
         return any(x is not None for x in (self.attention_route, self.cache_writer, self.tree_path_mover))
 
     @contextmanager
-    def _on_mlx_operations(self):
+    def on_mlx_operations(self):
         """Within: the array-offset forwards on MLX's own attention, writes and moves; after: the
         route, writer and mover exactly as they were (compiled traces dropped both ways)."""
         saved = (self.attention_route, self.cache_writer, self.tree_path_mover)
@@ -498,7 +498,7 @@ class Target:
         if self._offset_checked is not None:
             return self._offset_checked
         if self._custom_kernels_set():  # checked apart (lab/kernel_probe.py): the check runs MLX's operations
-            with self._on_mlx_operations():
+            with self.on_mlx_operations():
                 return self.check_offset_forward()
         routing = self._routing
         if routing is not None:
@@ -649,7 +649,7 @@ class Target:
         if self._custom_kernels_set():
             # What is checked is the tree's positions and masks, against MLX's own operations on
             # both sides; the kernels have their own checks (lab/kernel_probe.py).
-            with self._on_mlx_operations():
+            with self.on_mlx_operations():
                 return self.check_tree_forward()
         if not can_compile(self.make_cache()):
             raise InputError(f"tree drafts need plain KV caches; model_type {self.model_type!r} keeps recurrent, rotating or "
@@ -658,10 +658,10 @@ class Target:
         prefix = [(5 * i + 2) % v for i in range(8)]
         # root r; children a, b; a's child c; b's children d, e
         r, a, b, c, d, e, nxt = ((11 * i + 7) % v for i in range(7))
+        from .tree import ancestor_matrix  # here: tree.py imports this module
+
         parent, depth = [-1, 0, 0, 1, 2, 2], [0, 1, 1, 2, 2, 2]
-        anc = np.eye(6, dtype=bool)
-        for i in range(1, 6):
-            anc[i] |= anc[parent[i]]
+        anc = ancestor_matrix(parent)
         # Every reference feeds as many rows as the tree's forward (its path, then filler tokens that
         # causal attention keeps out of the path's rows), so both sides run the same matmul shapes:
         # on the H200, references fed as one forward of prefix and path (11-12 rows) differed from

@@ -126,11 +126,16 @@ class TreeLayout:
 
     def ancestors(self) -> np.ndarray:
         """(n, n) booleans: node i sees node j when j is i or one of its ancestors."""
-        n = len(self.parent)
-        vis = np.eye(n, dtype=bool)
-        for i in range(1, n):
-            vis[i] |= vis[self.parent[i]]
-        return vis
+        return ancestor_matrix(self.parent)
+
+
+def ancestor_matrix(parent: list[int]) -> np.ndarray:
+    """(n, n) booleans for a tree given by each node's parent (parent[i] < i; the root's unread):
+    row i marks i itself and every ancestor of i."""
+    vis = np.eye(len(parent), dtype=bool)
+    for i in range(1, len(parent)):
+        vis[i] |= vis[parent[i]]
+    return vis
 
 
 def walk_greedy(layout: TreeLayout, tokens: list[int], best: list[int]) -> tuple[list[int], int]:

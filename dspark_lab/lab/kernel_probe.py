@@ -589,6 +589,7 @@ def _launch_exactness(target, kernels) -> tuple[int, str | None]:
     operations on every layer's cache buffers."""
     from ..engine.attention_kernel import reference_rows_attention, supports
     from ..engine.cache_kernels import moved_by_operations
+    from ..engine.tree import ancestor_matrix
 
     attention, writer, mover = kernels
     cfg = target.config
@@ -605,12 +606,7 @@ def _launch_exactness(target, kernels) -> tuple[int, str | None]:
         why = supports(q, k, v)
         if why is not None:
             return compared, f"the model's attention is not one the kernel takes ({why})"
-        parent = [-1] + [(i - 1) // 2 for i in range(1, rows)]
-        tree = [[False] * rows for _ in range(rows)]
-        for r in range(rows):
-            p = r
-            while p >= 0:
-                tree[r][p], p = True, parent[p]
+        tree = ancestor_matrix([-1] + [(i - 1) // 2 for i in range(1, rows)])  # a binary tree
         for shape, ancestors in (("chain", None), ("tree", mx.array(tree)))[: 1 if rows == 1 else 2]:
             kw = {} if ancestors is None else {"ancestors": ancestors}
             got = attention(q, k, v, offset, d**-0.5, **kw).astype(mx.float32)
@@ -664,7 +660,6 @@ def _launch_loop_ms(target, drafter, tokenizer, kernels, *, tokens: int, passes:
 
     ids = _code_prompt_ids(tokenizer)
     cap = min(7, drafter.config.max_drafts)
-    before = (target.attention_route, target.cache_writer, target.tree_path_mover)
 
     def switch(on: bool):
         target.use_launch_kernels(kernels if on else None)
@@ -675,10 +670,9 @@ def _launch_loop_ms(target, drafter, tokenizer, kernels, *, tokens: int, passes:
                               stream=TextStream(tokenizer, None, None), mode="dspark-pipe", compile_draft=True)
 
     try:
-        times, _ = _timed_both_ways(switch, run, passes)
+        with target.on_mlx_operations():  # each switch sets its own; the target's own come back after
+            times, _ = _timed_both_ways(switch, run, passes)
     finally:
-        target.attention_route, target.cache_writer, target.tree_path_mover = before
-        target._drop_offset_traces()
         drafter.drop_traces()
     return statistics.median(times["mlx"]), statistics.median(times["kernel"]), None
 
