@@ -5,9 +5,11 @@
 #   OUT=$OUT bash benchmarks/device_trees.sh bench NAME    decoding side by side: MLX's greedy, and
 #       through the engine's routing its greedy, the chain at caps 3 and 7 and trees of TREES
 #       (NODES@DEPTH[+lk]; default 7@7,15@7,16@7,15@5,8@7+lk: 8, 16, 17, 16 and 16 verify rows) -> OUT/NAME_trees.{json,log}
-#   OUT=$OUT bash benchmarks/device_trees.sh cuts NAME    the launch kernels (forty-ninth round) side by
-#       side: base and attn+write+move copies, greedy (plain and compiled step), the chain at cap 7,
-#       trees of NODES (default 15), PROMPTS (default 3) a set -> OUT/NAME_cuts.{json,log}
+#   OUT=$OUT bash benchmarks/device_trees.sh cuts NAME    the launch kernels (forty-ninth round) and the
+#       head's stacked projections (fiftieth) side by side: COPIES (default MLX's operations with the
+#       head's projections apart, the three kernels with them apart, stacked, and stacked at 4 bits),
+#       greedy (plain and compiled step), the chain at cap 7, trees of NODES (default 15), PROMPTS
+#       (default 3) a set -> OUT/NAME_cuts.{json,log}
 #   OUT=$OUT bash benchmarks/device_trees.sh sweep NAME [--resume]   the lab's sweep of the routed
 #       copy: the chain and trees of NODES (default 15) at caps CAPS (default 5,7), 8 prompts a set,
 #       2 trials, stopped 580 s into the call (a sweep keeps every finished trial: --resume goes on);
@@ -35,7 +37,7 @@ case $step in
       --copies worth_routing:mma --mlx-greedy-only --json "$out/${name}_trees.json" 2>&1 | tee "$out/${name}_trees.log" ;;
   cuts)
     timeout 540 python3 benchmarks/launch_cuts.py --model "$model" --head "$heads/$name" --caps 7 --tree-nodes "${NODES:-15}" \
-      --prompts "${PROMPTS:-3}" --copies base,attn+write+move --json "$out/${name}_cuts.json" 2>&1 | tee "$out/${name}_cuts.log" ;;
+      --prompts "${PROMPTS:-3}" --copies "${COPIES:-base+split-head,attn+write+move+split-head,attn+write+move,attn+write+move+head4}" --json "$out/${name}_cuts.json" 2>&1 | tee "$out/${name}_cuts.log" ;;
   sweep)
     left=$((580 - SECONDS))
     timeout "$left" python3 -m dspark_lab sweep -m "$model" -d "$heads/$name" --drafter-bits 16 \

@@ -10,13 +10,18 @@ through engine/attention_kernel.py, one kernel a layer where MLX's cuDNN attenti
 graph (and a memset) a layer; `write` writes each layer's new keys and values with
 engine/cache_kernels.py's one kernel where MLX's dynamic slice updates launch four; `move` moves a
 tree round's kept path with its one kernel where MLX's operations launch about eight a layer
-(together: Target.use_launch_kernels). Each copy of the target (the engine's rows-kernel routing in
-all) is loaded apart with its own head; on each prompt (the first --prompts of code, math, chat)
+(together: Target.use_launch_kernels). Two more words set a copy's head: `split-head` loads it with
+each layer's projections apart (as before the fiftieth round; loading now stacks them,
+drafters/load.stack_head_projections), `head4` at 4 bits (default: 16, the float weights; MLX's
+quantized products where a float head's go through cuBLAS). Each copy of the target (the engine's
+rows-kernel routing in all) is loaded apart with its own head; on each prompt (the first --prompts of code, math, chat)
 every copy decodes greedily (the plain step, and the compiled one-row step the cuts reach too), as
 the pipelined chain at each cap and as trees of each --tree-nodes as deep as the first cap, after a
 warm-up of every arm. Reported: each arm's decode rate over greedy decoding on the prompt (the
 median of the copies' greedy rates: the cuts touch only the array-offset forwards, so every copy's
-greedy runs the same kernels), its accept, and whether its tokens equal its own copy's greedy.
+greedy runs the same kernels), its rate over its own copy's compiled one-row greedy step (which the
+cuts do reach: the fastest greedy that copy has), its accept, and whether its tokens equal its own
+copy's greedy.
 Before decoding, the kernels are checked as the engine's probe checks them
 (lab/kernel_probe.measure_launch_kernels, untimed). The forty-ninth round's runs printed the
 largest differences of an earlier check instead (docs/results/h100_49_cuts*_qwen05.log).
@@ -72,11 +77,17 @@ def main() -> None:
     caps = [int(c) for c in a.caps.split(",")]
     trees = [int(n) for n in a.tree_nodes.split(",") if n]
     copies: dict = {}
+    head_words = {"split-head", "head4"}
     for name in a.copies.split(","):
+        words = set(name.split("+")) - {"base"}
+        unknown = words - head_words - {"attn", "write", "move"}
+        if unknown:
+            raise SystemExit(f"unknown word(s) {sorted(unknown)} in copy {name!r}: use base, attn, write, move, split-head, head4")
         target, tok = load_target(a.model)
         target.route_quantized_rows(quantized_rows_matmul())
-        apply_cuts(target, set(name.split("+")) - {"base"})
-        copies[name] = (target, load_dspark(a.head, target, bits=16))
+        apply_cuts(target, words - head_words)
+        head = load_dspark(a.head, target, bits=4 if "head4" in words else 16, stack_projections="split-head" not in words)
+        copies[name] = (target, head)
     from dspark_lab.lab.kernel_probe import measure_launch_kernels
 
     check = measure_launch_kernels(next(iter(copies.values()))[0])  # the engine probe's check, untimed
@@ -104,20 +115,24 @@ def main() -> None:
         ids = encode_prompt(tok, p.as_input())
         results = {arm: run() for name in copies for arm, run in arms(name, ids, a.max_new_tokens)}
         base = statistics.median(r.decode_tokens_per_sec for arm, r in results.items() if arm.startswith("greedy/"))
+        compiled = {arm.split("/")[1]: r.decode_tokens_per_sec for arm, r in results.items() if arm.startswith("greedy-compiled/")}
         for arm, r in results.items():
             own = results["greedy/" + arm.split("/")[1]]
             rows.append({"prompt": p.id, "set": p.domain, "arm": arm, "tok_s": round(r.decode_tokens_per_sec, 1),
                          "over_greedy": round(r.decode_tokens_per_sec / base, 3), "accept": round(r.mean_accept_len, 2),
+                         # over the compiled step of its own copy: the fastest greedy that copy's kernels give
+                         "over_own_compiled": round(r.decode_tokens_per_sec / compiled[arm.split("/")[1]], 3),
                          "equals_own_greedy": r.token_ids == own.token_ids})
         print(" ".join(f"{r['arm']} {r['over_greedy']:.2f}x{'' if r['equals_own_greedy'] else '*'}" for r in rows[-len(results):]),
               f"({p.id}; * = parts from its own greedy)", flush=True)
-    print("\nmedian over each set's prompts, over greedy decoding (accept):")
+    print("\nmedian over each set's prompts, over greedy decoding [over its copy's compiled greedy step] (accept):")
     for arm in dict.fromkeys(r["arm"] for r in rows):
         cells = []
         for domain in ("code", "math", "chat"):
             picked = [r for r in rows if r["arm"] == arm and r["set"] == domain]
             if picked:
                 cells.append(f"{domain} {statistics.median(r['over_greedy'] for r in picked):.2f}x "
+                             f"[{statistics.median(r['over_own_compiled'] for r in picked):.2f}x] "
                              f"({statistics.median(r['accept'] for r in picked):.2f})")
         same = sum(r["equals_own_greedy"] for r in rows if r["arm"] == arm)
         print(f"  {arm:24s} " + "  ".join(cells) + f"  [{same}/{sum(r['arm'] == arm for r in rows)} equal own greedy]", flush=True)

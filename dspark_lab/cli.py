@@ -162,6 +162,11 @@ def _compiled_greedy_step(target, tokenizer, attention_kernel: bool | None, *, d
     return bool(attention_kernel)
 
 
+def _on_off_auto(flag: bool | None) -> str:
+    """A --x/--no-x option left out (None: the probe decides) as a sweep setting."""
+    return "auto" if flag is None else "on" if flag else "off"
+
+
 def _use_launch_kernels(target, launch_kernels: bool | None, mode: "Mode", *, loop: tuple | None, db: Path, model_id: str) -> None:
     """--launch-kernels: the pipelined loops' launch-saving kernels when asked, or (not given) in
     dspark-pipe and dspark-tree-pipe on CUDA when the stored or a fresh probe on this machine says
@@ -565,6 +570,7 @@ def sweep(
     precisions: PrecisionsOpt = "as-loaded",
     interleave_precisions: InterleaveOpt = True,
     baseline_step: BaselineStepOpt = "auto",
+    launch_kernels: LaunchKernelsOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also export the run as a result JSON file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every stored trial.")] = False,
 ):
@@ -581,7 +587,8 @@ def sweep(
                           caps=_csv(caps), prompt_sets=_csv(prompts), trials=trials, max_new_tokens=max_new_tokens,
                           prompt_limit=prompt_limit, warmup=warmup, cooldown=cooldown, drafter_bits=drafter_bits, dtype=dtype,
                           launch_every=launch_every, pipe_lookup=pipe_lookup, compile_draft=compile_draft, tree_nodes=tree_nodes,
-                          precisions=_csv(precisions), interleave_precisions=interleave_precisions, baseline_step=baseline_step)
+                          precisions=_csv(precisions), interleave_precisions=interleave_precisions, baseline_step=baseline_step,
+                          launch_kernels=_on_off_auto(launch_kernels))
     rid = run_sweep(cfg, db, resume=run_id or resume, progress=True, on_event=_sweep_events(verbose))
     out.print(f"run {rid} stored in {db}")
     if json_out is not None:
@@ -674,6 +681,7 @@ def benchmark(
     compiled_step: Annotated[bool, typer.Option("--compiled-step/--no-compiled-step", help="Also time our plain decoding both ways, through compiled one-row steps (sweep mode compiled-step; their attention through dspark-lab's kernel on CUDA where it passes its check) and stepping plainly (plain-step): each row's speedup is that step over the baseline.")] = False,
     baseline_step: BaselineStepOpt = "auto",
     tree_nodes: Annotated[int, typer.Option(help="Also measure the DSpark head drafting trees of this many drafts (modes dspark-tree and dspark-tree-pipe, at the fixed caps; 0: not).")] = 0,
+    launch_kernels: LaunchKernelsOpt = None,
 ):
     """One pair against plain decoding: a sweep of this model and drafter, then a table of tok/s,
     speedup (with its 95% CI) and acceptance per domain (per precision, with --precisions)."""
@@ -697,7 +705,8 @@ def benchmark(
     cfg = SweepConfig(models=[model], drafters=[drafter] if drafter else [], draft_models=[draft_model] if draft_model else [], modes=modes, caps=_csv(caps), prompt_sets=_csv(prompts),
                       trials=trials, max_new_tokens=max_new_tokens, prompt_limit=prompt_limit, drafter_bits=drafter_bits, dtype=dtype,
                       launch_every=launch_every, precisions=_csv(precisions), interleave_precisions=interleave_precisions,
-                      baseline_step=baseline_step, **({"tree_nodes": tree_nodes} if tree_nodes else {}))
+                      baseline_step=baseline_step, launch_kernels=_on_off_auto(launch_kernels),
+                      **({"tree_nodes": tree_nodes} if tree_nodes else {}))
     rid = run_sweep(cfg, db, progress=True, on_event=_sweep_events(verbose=False))
     engine = open_db(db)
     try:

@@ -31,7 +31,7 @@ from dspark_lab.schemas.records import CalibrationRecord, Run, Trial
 # SweepConfig fields newer than its grid key: a grid that leaves them at their defaults keeps the
 # key it had before they existed, so an old unfinished run still resumes. A new field goes here.
 NEWER_THAN_THE_GRID_KEY = ("draft_models", "launch_every", "pipe_lookup", "compile_draft", "tree_nodes", "precisions",
-                           "interleave_precisions", "baseline_step")
+                           "interleave_precisions", "baseline_step", "launch_kernels")
 
 
 def rows(db, sql: str) -> list[tuple]:

@@ -48,6 +48,36 @@ def test_the_kernels_take_one_layout_only_and_say_they_need_cuda():
         cache_kernels.cache_write_kernel()
 
 
+def test_buffers_past_the_copy_limit_are_left_to_mlxs_in_place_operations(monkeypatch):
+    """Both kernels write whole buffers anew, so a buffer past COPY_LIMIT goes to MLX's updates:
+    here the kernel builder is a stand-in (no CUDA), and only the small buffers reach it."""
+    launched = []
+
+    def fake_kernel(**spec):
+        def run(*, inputs, output_shapes, **_):
+            launched.append(spec["name"])
+            return [mx.zeros(shape) for shape in output_shapes]
+        return run
+
+    monkeypatch.setattr(cache_kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(cache_kernels.mx.fast, "cuda_kernel", fake_kernel)
+    monkeypatch.setattr(cache_kernels, "_built", {})
+    monkeypatch.setattr(cache_kernels, "COPY_LIMIT", 1024)
+    write, move = cache_kernels.cache_write_kernel(), cache_kernels.cache_move_kernel()
+    at, path = mx.array(2, dtype=mx.int32), mx.array([0, 1])
+    small, large = mx.ones((1, 2, 16, 8)), mx.ones((1, 2, 32, 8))  # 1,024 and 2,048 bytes
+    new = mx.full((1, 2, 2, 8), 5.0)
+    write(small, small, new, new, at)
+    move([small, small], at, path)
+    assert launched == ["dspark_cache_write", "dspark_cache_move_2"]
+    k, v = write(large, large, new, new, at)
+    moved = move([large, large], at, path)
+    assert len(launched) == 2  # no launch: MLX's operations wrote them
+    want = cache_kernels.written_by_operations(large, large, new, new, at)
+    assert mx.array_equal(k, want[0]).item() and mx.array_equal(v, want[1]).item()
+    assert all(mx.array_equal(m, large).item() for m in moved)  # rows 0 and 1 after the offset: themselves
+
+
 def test_a_pipelined_tree_moves_its_paths_with_the_targets_mover_and_stays_lossless(tmp_path):
     """The tree round calls the mover it is given (once a trace: one call moves every layer) and
     the tokens stay the greedy ones; putting MLX's operations back drops the traces that kept it."""

@@ -169,7 +169,8 @@ def test_a_narrower_mlp_makes_a_smaller_head_that_loads_and_decodes_losslessly(t
     assert (out / "model.safetensors").stat().st_size < (trained / "model.safetensors").stat().st_size
     assert "MLP width 16" in (out / "README.md").read_text()
     target, tok, drafter, _ = load_pair(tiny_dirs["qwen3"], out, max_draft_tokens=4)
-    assert drafter.head.layers[0].mlp.gate_proj.scales.shape[0] == 16  # quantized at load, 16 wide
+    mlp = drafter.head.layers[0].mlp  # gate and up stacked at load: 2 x 16 wide, quantized
+    assert mlp.gate_proj.output_dims == 16 and mlp.gate_up_proj.scales.shape[0] == 32
     for p in PROMPTS[:3]:
         r = speculative_generate(target, tok, drafter, p, max_new_tokens=24, max_draft_tokens=4, lookup_drafts=False)
         assert r.token_ids == greedy_generate(target, tok, p, max_new_tokens=24).token_ids

@@ -24,6 +24,17 @@ def _count_ops(*outputs) -> int:
     return len(re.findall(r'shape=rectangle', buf.getvalue()))
 
 
+def _count_products(*outputs) -> int:
+    """Matrix products in the outputs' graph (a stacked product's split parts are views on a GPU,
+    but export_to_dot draws each as an operation, so operations in all would not show the saving)."""
+    import io
+    import re
+
+    buf = io.StringIO()
+    mx.export_to_dot(buf, *outputs)
+    return len(re.findall(r'label ="(?:Matmul|QuantizedMatmul|AddMM)"', buf.getvalue()))
+
+
 def _logits_both_ways(plain, fused, ids):
     """Prefill, a one-row step and an 8-row verify through both copies, on their own caches."""
     caches = plain.make_cache(), fused.make_cache()
@@ -154,3 +165,50 @@ def test_the_mlx_lm_reference_runs_the_layers_as_stored_and_the_engine_gets_them
     want = greedy_generate(plain, tok, PROMPTS[0], max_new_tokens=16).token_ids
     assert mlx_lm_generate(fused, tok, PROMPTS[0], max_new_tokens=16).token_ids == want
     assert greedy_generate(fused, tok, PROMPTS[0], max_new_tokens=16).token_ids == want
+
+
+def _head_outputs(drafter, target_hidden: int) -> list[mx.array]:
+    """A drafter's context append on fixed random taps, then a block pass: the context keys and
+    values it wrote, and (DSpark) the block's final hidden rows or (DFlash) its greedy drafts."""
+    from dspark_lab.engine.sampling import SamplingParams
+
+    mx.random.seed(3)
+    taps = {t: mx.random.normal((5, target_hidden)) for t in drafter.target_layer_ids}
+    drafter.reset()
+    drafter.append_context(taps)
+    written = [c.keys for c in drafter.caches] + [c.values for c in drafter.caches]
+    if hasattr(drafter, "hidden"):
+        return written + [drafter.hidden(7, drafter.config.block_size)]
+    return written + [drafter.draft(7, 4, SamplingParams()).tokens]
+
+
+@pytest.mark.parametrize("bits", [16, 4])
+def test_a_heads_stacked_projections_draft_the_same_rows_bit_for_bit_with_fewer_operations(tiny_dirs, heads, bits):
+    """A head's layers stack their q/k/v and gate/up products too (load_dspark's default): the same
+    hidden rows and context keys bit for bit on MLX's kernels, the same tokens decoded, and a
+    draft that launches fewer products (each layer's context append one fewer, its block pass three)."""
+    target, tok = load_target(tiny_dirs["qwen3"], quantize=4)
+    plain = load_dspark(heads["qwen3"], target, bits=bits, stack_projections=False)
+    stacked = load_dspark(heads["qwen3"], target, bits=bits)
+    assert not is_fused(plain.head) and is_fused(stacked.head)
+    assert isinstance(stacked.head.layers[0].self_attn.k_proj, FusedPart)
+    for a, b in zip(_head_outputs(plain, target.hidden_size), _head_outputs(stacked, target.hidden_size)):
+        assert mx.array_equal(a, b).item()
+    products = [_count_products(*_head_outputs(d, target.hidden_size)) for d in (plain, stacked)]
+    assert products[0] - products[1] == 4 * len(plain.head.layers)
+    for d in (plain, stacked):
+        out = speculative_generate(target, tok, d, PROMPTS[0], max_new_tokens=16, max_draft_tokens=4, pipeline=True)
+        assert out.token_ids == greedy_generate(target, tok, PROMPTS[0], max_new_tokens=16).token_ids
+
+
+def test_a_dflash_heads_projections_stack_as_well(tiny_dirs, tmp_path):
+    from dspark_lab.engine.drafters.load import load_dflash
+    from dspark_lab.tiny import build_tiny_dflash
+
+    target, _ = load_target(tiny_dirs["qwen3"], quantize=4)
+    head_dir = build_tiny_dflash(tmp_path / "dflash", tiny_dirs["qwen3"])
+    plain = load_dflash(head_dir, target, stack_projections=False)
+    stacked = load_dflash(head_dir, target)
+    assert is_fused(stacked.head) and not is_fused(plain.head)
+    for a, b in zip(_head_outputs(plain, target.hidden_size), _head_outputs(stacked, target.hidden_size)):
+        assert mx.array_equal(a, b).item()

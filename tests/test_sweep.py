@@ -779,3 +779,80 @@ def test_paired_precisions_divide_each_trial_by_its_as_loaded_twin(tmp_path):
         want = statistics.median(speeds[(True, mode, p, i)] / speeds[(False, mode, p, i)] for p in ("code-001", "code-002") for i in (0, 1))
         got = pairs.filter(pairs["mode"] == mode)["ratio"][0]
         assert abs(got - want) < 1e-9
+
+
+def test_the_sweeps_launch_kernels_are_probed_given_or_kept_off(tmp_path, monkeypatch):
+    """SweepConfig.launch_kernels: "auto" asks the probe (as generate does), "on" uses the kernels
+    without asking, "off" leaves the target alone; each noted in the run's config. "on" is refused
+    without a pipelined mode or off CUDA, an unknown setting always; "auto" keeps old grids' keys."""
+    from sqlmodel import Session
+
+    import dspark_lab.engine.kernels as kernels
+    import dspark_lab.lab.kernel_probe as kp
+    from dspark_lab.lab.kernel_probe import KernelVerdict
+    from dspark_lab.lab.sweep import _route_launch_kernels
+    from dspark_lab.schemas.records import Run
+
+    piped = dict(models=["/m/a"], drafters=["/h"], modes=["baseline", "dspark-pipe"])
+    with pytest.raises(InputError, match="dspark-pipe and dspark-tree-pipe"):
+        SweepConfig(models=["/m/a"], modes=["baseline"], launch_kernels="on")
+    with pytest.raises(InputError, match="'sometimes'"):
+        SweepConfig(**piped, launch_kernels="sometimes")
+    if not kernels.cuda_available():
+        with pytest.raises(InputError, match="CUDA"):
+            SweepConfig(**piped, launch_kernels="on")
+    assert SweepConfig(**piped).key() == SweepConfig(**piped, launch_kernels="auto").key() != SweepConfig(**piped, launch_kernels="off").key()
+
+    class Target:
+        kernels = None
+
+        def use_launch_kernels(self, k):
+            self.kernels = k
+
+    class Head:
+        dropped = 0
+
+        def drop_traces(self):
+            self.dropped += 1
+
+    engine = open_db(tmp_path / "k.duckdb")
+    with Session(engine) as s:
+        s.add(Run(id="r1", dspark_lab_version="0", device_key="d", machine="m", device_stamp="{}", config="{}"))
+        s.commit()
+    asked = []
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(kp, "launch_kernels", lambda: ("attention", "writer", "mover"))
+    monkeypatch.setattr(kp, "choose_launch_kernels", lambda target, **kw: asked.append(kw["model_id"]) or KernelVerdict(
+        "launch", True, "stood in", exact=True))
+    said, chosen = [], {}
+    for setting in ("off", "on", "auto"):
+        target, head = Target(), Head()
+        _route_launch_kernels(setting, target, head, None, engine, "r1", f"/m/a|/h|{setting}", said.append)
+        chosen[setting] = (target.kernels, head.dropped)
+    assert chosen == {"off": (None, 0), "on": (("attention", "writer", "mover"), 1), "auto": (("attention", "writer", "mover"), 1)}
+    assert asked == ["/m/a|/h|auto"]
+    with Session(engine) as s:
+        noted = json.loads(s.get(Run, "r1").config)["launch_kernels_chosen"]
+    assert set(noted) == {"/m/a|/h|on", "/m/a|/h|auto"} and noted["/m/a|/h|on"]["reason"] == "--launch-kernels given"
+    engine.dispose()
+
+
+def test_benchmark_and_sweep_take_launch_kernels(tiny_dirs, head, tmp_path):
+    """Off CUDA `--launch-kernels` is refused before anything runs, saying why; `--no-launch-kernels` runs."""
+    from dspark_lab.engine.kernels import cuda_available
+
+    if cuda_available():
+        pytest.skip("a CUDA backend is here")
+    model = str(tiny_dirs["qwen3"])
+    for verb in (["benchmark", "-m", model, "-d", str(head), "--caps", "2", "--trials", "1", "-n", "4", "--prompt-limit", "1",
+                  "--no-mlx-lm", "--prompts", "code"],
+                 ["sweep", "-m", model, "-d", str(head), "--modes", "dspark-pipe", "--caps", "2", "--trials", "1", "-n", "4",
+                  "--prompt-limit", "1", "--prompts", "code"]):
+        db = tmp_path / f"{verb[0]}.duckdb"
+        r = CliRunner().invoke(app, verb + ["--db", str(db), "--launch-kernels"])
+        assert r.exit_code != 0 and "needs MLX's CUDA backend" in r.output and "leave it off" in r.output, r.output
+        assert not db.exists()
+    r = CliRunner().invoke(app, ["sweep", "-m", model, "-d", str(head), "--modes", "dspark-pipe", "--caps", "2", "--trials", "1",
+                                 "-n", "4", "--prompt-limit", "1", "--prompts", "code", "--db", str(tmp_path / "off.duckdb"),
+                                 "--no-launch-kernels"])
+    assert r.exit_code == 0, r.output

@@ -9,8 +9,12 @@ copy), four a layer. `cache_write_kernel` writes both in one: it writes the laye
 each position from the new rows or the old buffer. That copies the buffers (a few hundred
 kilobytes a layer at these lengths: well under a microsecond of bandwidth each) to launch once.
 The copy grows with the context: the 1.5B's buffers at 32k tokens hold about 0.9 GB, read and
-written each forward (some 0.7 ms on an H100), where MLX's updates write in place (an MLX custom kernel cannot write into its
-input); measured only at short contexts so far (docs/performance.md, forty-ninth round).
+written each forward (some 0.7 ms on an H100), where MLX's updates write in place (an MLX custom
+kernel cannot write into its input). So both kernels leave an array larger than `COPY_LIMIT` to
+MLX's operations: at 8 MiB (16k positions of the 1.5B's, 32k of the 0.5B's) a layer's write
+copies about 32 MB, some 10 us of an H100's bandwidth, about what the three launches it saves
+cost the host; a tree's move saves about eight a layer. An estimate, not a measurement: only
+short contexts were timed (docs/performance.md, forty-ninth round).
 
 Moving a tree's kept path: after a pipelined tree round (compiled.OffsetForward.tree_round) the rows of the path the
 target kept must follow the cache in path order. With MLX's operations that is a gather and a
@@ -78,6 +82,14 @@ _WRITE = """
 
 _built: dict = {}
 
+# Bytes of one (1, heads, positions, dim) buffer above which a kernel that writes it anew leaves it
+# to MLX's in-place operations (see the module docstring).
+COPY_LIMIT = 8 << 20
+
+
+def copies_too_much(array: mx.array) -> bool:
+    return array.nbytes > COPY_LIMIT
+
 
 def written_by_operations(keys: mx.array, values: mx.array, new_keys: mx.array, new_values: mx.array,
                           offset: mx.array) -> tuple[mx.array, mx.array]:
@@ -89,8 +101,8 @@ def written_by_operations(keys: mx.array, values: mx.array, new_keys: mx.array, 
 
 def cache_write_kernel() -> Callable[..., tuple[mx.array, mx.array]]:
     """write(keys, values, new_keys, new_values, offset) -> written_by_operations' result from one
-    kernel launch (the new rows read through their strides; the buffers must be of one batch).
-    Raises RuntimeError off CUDA."""
+    kernel launch (the new rows read through their strides); buffers of more than one batch, or
+    larger than COPY_LIMIT, are written by operations. Raises RuntimeError off CUDA."""
     if not cuda_available():
         raise RuntimeError("no CUDA backend on this device (the cache write kernel is written for MLX's CUDA backend)")
     if "write" not in _built:
@@ -99,7 +111,7 @@ def cache_write_kernel() -> Callable[..., tuple[mx.array, mx.array]]:
     kernel = _built["write"]
 
     def write(keys, values, new_keys, new_values, offset):
-        if keys.shape[0] != 1 or keys.shape != values.shape or new_keys.shape != new_values.shape:
+        if keys.shape[0] != 1 or keys.shape != values.shape or new_keys.shape != new_values.shape or copies_too_much(keys):
             return written_by_operations(keys, values, new_keys, new_values, offset)
         return tuple(kernel(inputs=[mx.contiguous(keys), mx.contiguous(values), new_keys.astype(keys.dtype),
                                     new_values.astype(values.dtype), offset.reshape(1).astype(mx.int32)],
@@ -133,12 +145,13 @@ def same_layout(arrays: Sequence[mx.array]) -> bool:
 
 def cache_move_kernel() -> Callable[[Sequence[mx.array], mx.array, mx.array], list[mx.array]]:
     """move(arrays, offset, path) -> moved_by_operations' result from one kernel launch; arrays not
-    of one layout (same_layout) move by operations. Raises RuntimeError off CUDA."""
+    of one layout (same_layout), or larger than COPY_LIMIT, move by operations. Raises RuntimeError
+    off CUDA."""
     if not cuda_available():
         raise RuntimeError("no CUDA backend on this device (the cache move kernel is written for MLX's CUDA backend)")
 
     def move(arrays: Sequence[mx.array], offset: mx.array, path: mx.array) -> list[mx.array]:
-        if not same_layout(arrays):
+        if not same_layout(arrays) or copies_too_much(arrays[0]):
             return moved_by_operations(arrays, offset, path)
         n = len(arrays)
         if n not in _built:  # one kernel for each number of arrays

@@ -60,6 +60,7 @@ TREE_MODES = ("dspark-tree", "dspark-tree-pipe")  # head modes that verify trees
 # the grid's compile_draft and pipe_lookup apply to it too).
 DRAFT_MODES = ("draft", "draft-pipe")  # modes that need a draft model
 BASELINE_STEPS = ("auto", "plain", "compiled")  # SweepConfig.baseline_step
+LAUNCH_KERNELS = ("auto", "on", "off")  # SweepConfig.launch_kernels
 AUTO_MAX_CAP = 8  # the cap controller's ceiling for drafters with no block size (lookup, a draft model)
 # A sweep's precisions: each model also runs stored another way, made on load (no second download):
 # "as-loaded", "dequantized" (a quantized model's layers as float matrices), or weight bits
@@ -102,6 +103,10 @@ class SweepConfig:
     # lab/kernel_probe.choose_greedy_step, stored per machine and model, finds it faster; else
     # plainly); "plain"; or "compiled". A resumed run keeps the step its baseline trials took.
     baseline_step: str = "auto"
+    # The pipelined arms' launch-saving kernels (Target.use_launch_kernels): "auto", as `generate
+    # --mode dspark-pipe` decides (on CUDA, lab/kernel_probe.choose_launch_kernels, stored per
+    # machine and pair); "on" (CUDA only); "off".
+    launch_kernels: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -121,6 +126,17 @@ class SweepConfig:
                 raise InputError(f"cap {cap!r} is not a positive number or 'auto'.")
         if self.baseline_step not in BASELINE_STEPS:
             raise InputError(f"--baseline-step {self.baseline_step!r} is not one of {', '.join(BASELINE_STEPS)}.")
+        if self.launch_kernels not in LAUNCH_KERNELS:
+            raise InputError(f"launch_kernels {self.launch_kernels!r} is not one of {', '.join(LAUNCH_KERNELS)}.")
+        if self.launch_kernels == "on":
+            from ..engine.kernels import cuda_available
+
+            if not {"dspark-pipe", "dspark-tree-pipe"} & set(self.modes):
+                raise InputError("--launch-kernels applies to modes dspark-pipe and dspark-tree-pipe, and the sweep runs neither; "
+                                 "add one to --modes or leave it off.")
+            if not cuda_available():
+                raise InputError("--launch-kernels needs MLX's CUDA backend (the kernels are written for it), which this machine "
+                                 "lacks; leave it off here.")
         if self.trials < 1 or self.max_new_tokens < 1:
             raise InputError("--trials and --max-new-tokens must be >= 1.")
         if self.cooldown < 0:
@@ -149,6 +165,8 @@ class SweepConfig:
             del fields["interleave_precisions"]  # the default keeps the keys of grids from before it
         if fields["baseline_step"] == "auto":
             del fields["baseline_step"]  # likewise (such a run's baseline stepped plainly, and still does: _baseline_step)
+        if fields["launch_kernels"] == "auto":
+            del fields["launch_kernels"]  # likewise
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -499,7 +517,7 @@ def _prepare_variant(cfg, model_id, engine, run_id, digests, say) -> _Variant:
     piped_heads = [(d, h) for (m, d), h in drafters.items() if m in ("dspark-pipe", "dspark-tree-pipe")]
     if piped_heads:  # keyed as generate keys it, so either finds the other's verdict
         d, head = piped_heads[0]
-        _route_launch_kernels(target, head, tok, engine, run_id, f"{model_id}|{d}|{cfg.drafter_bits}", say)
+        _route_launch_kernels(cfg.launch_kernels, target, head, tok, engine, run_id, f"{model_id}|{d}|{cfg.drafter_bits}", say)
     draft_modes = [m for m in DRAFT_MODES if m in cfg.modes]
     if draft_modes:
         for d in cfg.draft_models:  # loaded once per target, like the heads; both modes share it
@@ -645,23 +663,29 @@ def _route_step_attention(target, engine, run_id: str, model_id: str, say) -> No
     _note_chosen(engine, run_id, "step_attention_checked", model_id, verdict.to_dict())
 
 
-def _route_launch_kernels(target, head, tok, engine, run_id: str, pair: str, say) -> None:
-    """On CUDA, the pipelined loops' launch-saving kernels (Target.use_launch_kernels) where the probe
-    (stored per machine and pair, as `generate --mode dspark-pipe` finds it) says they are exact and
-    faster: the sweep's pipelined arms measure what generate runs. They reach every array-offset
-    forward of the target, a compiled baseline's one-row step too; the verdict goes in the run's config."""
+def _route_launch_kernels(setting: str, target, head, tok, engine, run_id: str, pair: str, say) -> None:
+    """On CUDA, the pipelined loops' launch-saving kernels (Target.use_launch_kernels): with `setting`
+    "auto" where the probe (stored per machine and pair, as `generate --mode dspark-pipe` finds it)
+    says they are exact and faster, so the sweep's pipelined arms measure what generate runs; "on"
+    or "off" as told (SweepConfig refused "on" off CUDA). They reach every array-offset forward of
+    the target, a compiled baseline's one-row step too; the verdict goes in the run's config."""
     from ..engine.kernels import cuda_available
 
-    if not cuda_available():
+    if setting == "off" or not cuda_available():
         return
     from .kernel_probe import choose_launch_kernels, launch_kernels
 
-    verdict = choose_launch_kernels(target, db=engine, loop=(head, tok), model_id=pair)
-    say(f"{pair}: {verdict.describe()}")
-    if verdict.use:
+    if setting == "on":
+        use, said = True, {"use": True, "reason": "--launch-kernels given"}
+        say(f"{pair}: launch kernels on, as given")
+    else:
+        verdict = choose_launch_kernels(target, db=engine, loop=(head, tok), model_id=pair)
+        say(f"{pair}: {verdict.describe()}")
+        use, said = verdict.use, verdict.to_dict()
+    if use:
         target.use_launch_kernels(launch_kernels())
         head.drop_traces()
-    _note_chosen(engine, run_id, "launch_kernels_chosen", pair, verdict.to_dict())
+    _note_chosen(engine, run_id, "launch_kernels_chosen", pair, said)
 
 
 def _route_draft_attention(drafter, target, tok, engine, run_id: str, pair: str, say) -> None:

@@ -154,9 +154,22 @@ def read_head(ref: str | os.PathLike, bits: int = 16, window: int = 1) -> tuple[
     return path, read_json(path / "config.json"), read_safetensors(path)
 
 
-def load_dflash(ref: str | os.PathLike, target: Target, *, bits: int = 4, window: int = 4096):
+def stack_head_projections(head: nn.Module) -> int:
+    """Each head layer's q/k/v and gate/up projections as one product each (engine/fused.py, as
+    the target's): a pipelined round is bound by the kernels it launches, and a 2-layer head's
+    draft and context append launch about 8 products fewer a round. Each output column is the same
+    dot product, so MLX's CPU kernels give the same drafts bit for bit (tests); a GPU library may
+    split a wider product's sums differently, which can change a draft, never an output (the
+    target verifies every draft). Returns how many groups were stacked."""
+    from ..fused import fuse_projections
+
+    return sum(fuse_projections(layer) for layer in head.layers)
+
+
+def load_dflash(ref: str | os.PathLike, target: Target, *, bits: int = 4, window: int = 4096, stack_projections: bool = True):
     """Load a DFlash or DFlash 2 head for `target` (strict names, 4-bit backbone by default;
-    the convolutions and the selector stay in float, as they are small and precision-bound)."""
+    the convolutions and the selector stay in float, as they are small and precision-bound).
+    `stack_projections`: see stack_head_projections."""
     from .dflash import DFlashDrafter, DFlashHead, parse_dflash_config
 
     _, cfg_json, raw = read_head(ref, bits, window)
@@ -170,6 +183,8 @@ def load_dflash(ref: str | os.PathLike, target: Target, *, bits: int = 4, window
     head = DFlashHead(config, target.hidden_size)
     load_into(head, weights, stored_quantization(cfg_json, set(weights)), bits, keep_float=DFLASH_FLOAT)
     mx.eval(head.parameters())
+    if stack_projections:
+        stack_head_projections(head)
     target.probe(config.target_layer_ids)
     return DFlashDrafter(head, target.embed, target.head_logits, window=window, name=str(ref))
 
@@ -180,8 +195,10 @@ def load_dspark(
     *,
     bits: int = 4,
     window: int = 4096,
+    stack_projections: bool = True,
 ) -> DSparkDrafter:
-    """Load a DSpark head (any recognized packaging) for `target`."""
+    """Load a DSpark head (any recognized packaging) for `target`. `stack_projections` (default
+    on): each layer's sibling projections as one product (stack_head_projections)."""
     _, cfg_json, raw = read_head(ref, bits, window)
     weights = native_weights(raw)
     config = parse_dspark_config(cfg_json, set(raw))
@@ -197,6 +214,8 @@ def load_dspark(
     head = DSparkHead(config, target.hidden_size)
     load_into(head, weights, stored_quantization(cfg_json, set(weights)), bits)
     mx.eval(head.parameters())
+    if stack_projections:
+        stack_head_projections(head)
     embed = head.embed_tokens if config.has_embed_tokens else target.embed
     lm_head = head.lm_head if config.has_lm_head else target.head_logits
     target.probe(config.target_layer_ids)
