@@ -2,6 +2,7 @@
 them costs the host.
 
     python benchmarks/kernel_census.py --model DIR --head DIR [--caps 7] [--tree-nodes 0,15] [--dots OUT_DIR]
+        [--cuts attn,write,move] [--head-bits 16] [--split-head]
 
 The pipelined loop is bound by the host's launching (docs/performance.md, forty-eighth round), so
 a round costs about what its kernels cost to launch. MLX's CUDA backend records every kernel it
@@ -94,6 +95,8 @@ def main() -> None:
     ap.add_argument("--dots", default=None, help="folder for a few raw dot files (review the parser)")
     ap.add_argument("--launch-time", action="store_true", help="no census: time mx.async_eval a step or round")
     ap.add_argument("--cuts", default="", help="attn, write, move (benchmarks/launch_cuts.py): the target so set")
+    ap.add_argument("--head-bits", type=int, default=16, help="the head's weights: 16 (float: its products through cuBLAS), 8 or 4")
+    ap.add_argument("--split-head", action="store_true", help="the head's q/k/v and gate/up apart (loading stacks them)")
     a = ap.parse_args()
     dots = None  # --launch-time: no dot files
     if not a.launch_time:
@@ -121,15 +124,17 @@ def main() -> None:
         from launch_cuts import apply_cuts  # this folder's, beside this script
 
         apply_cuts(target, cuts)
-    head = load_dspark(a.head, target, bits=16)
+    head = load_dspark(a.head, target, bits=a.head_bits, stack_projections=not a.split_head)
     prompt = load_prompt_sets("code", limit=1)[0].prompts[0]
     ids = encode_prompt(tok, prompt.as_input())
-    arms = [("greedy", None, None)] + [(f"{'chain' if not n else f'tree{n}'}@{c}", c, n)
-                                      for c in (int(x) for x in a.caps.split(",")) for n in (int(x) for x in a.tree_nodes.split(","))]
+    # greedy-compiled: the compiled one-row step, the lab's baseline on CUDA (with the cuts, through them)
+    arms = [("greedy", None, None), ("greedy-compiled", None, "compiled")] + [
+        (f"{'chain' if not n else f'tree{n}'}@{c}", c, n)
+        for c in (int(x) for x in a.caps.split(",")) for n in (int(x) for x in a.tree_nodes.split(","))]
 
     def go(cap, nodes, n):
         if cap is None:
-            return greedy_generate(target, tok, ids, max_new_tokens=n)
+            return greedy_generate(target, tok, ids, max_new_tokens=n, compiled_step=nodes == "compiled")
         return speculative_generate(target, tok, head, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True,
                                     compile_draft=True, tree_nodes=nodes)
 

@@ -112,7 +112,8 @@ def test_a_pipelined_tree_moves_its_paths_with_the_targets_mover_and_stays_lossl
 @pytest.mark.parametrize("tree_nodes", [0, 8])
 def test_the_pipelined_loops_write_with_the_targets_writer_and_stay_lossless(tmp_path, tree_nodes):
     """The chain's and the tree's verify write their rows with the writer they are given (every
-    layer, every trace) and the tokens stay the greedy ones; None puts MLX's operations back."""
+    layer, every trace), the loops hand it to the head for its rows at array positions, and the
+    tokens stay the greedy ones; None puts MLX's operations back on both."""
     from conftest import PROMPTS
     from dspark_lab import greedy_generate, load_target, speculative_generate
     from dspark_lab.engine.drafters.load import load_dspark
@@ -133,12 +134,15 @@ def test_the_pipelined_loops_write_with_the_targets_writer_and_stay_lossless(tmp
         want = greedy_generate(target, tok, ids, max_new_tokens=16).token_ids
         got = speculative_generate(target, tok, head, ids, max_new_tokens=16, max_draft_tokens=4, tree_nodes=tree_nodes, pipeline=True)
         assert got.token_ids == want, prompt
-    layers = len(target.make_cache())
-    assert widths and len(widths) % layers == 0 and max(widths) > 1
+    assert widths and max(widths) > 1
+    assert head.cache_writer is writer
+    before = len(widths)
+    head.append_context_at({t: mx.zeros((3, target.hidden_size)) for t in head.target_layer_ids}, mx.array(2, dtype=mx.int32))
+    assert widths[before:] == [3] * len(head.head.layers)  # a head layer's new rows: one write each
     target.write_cache_with(None)
     widths.clear()
     speculative_generate(target, tok, head, tok.encode(PROMPTS[0]), max_new_tokens=8, max_draft_tokens=4, tree_nodes=tree_nodes, pipeline=True)
-    assert widths == []
+    assert widths == [] and head.cache_writer is None
 
 
 def test_the_once_a_model_checks_run_mlxs_operations_while_launch_kernels_are_on(tmp_path):

@@ -165,6 +165,10 @@ class PipelinedDraftModel:
     def append_context(self, taps) -> None:
         """Nothing to append: the prefill's tokens went in at `reset`."""
 
+    def write_cache_with(self, writer) -> None:
+        """The target's cache writer is not taken: the draft model's forwards write with its own
+        (Target.write_cache_with on the draft model)."""
+
     def ensure_capacity(self, size: int) -> None:
         self.capacity = max(self.capacity, size)
 

@@ -179,6 +179,7 @@ class ContextDrafter:
         self.window, self.name = window, name
         self.caches: list[BucketedKVCache] = []
         self.ctx_len = 0
+        self.cache_writer = None  # write_cache_with: the target's writer in the pipelined loops
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:
@@ -191,6 +192,16 @@ class ContextDrafter:
     def drop_traces(self) -> None:
         """Forget compiled traces (none here): after the target's products change
         (Target.route_quantized_rows) a trace that called the target's lm_head would keep the old one."""
+
+    def write_cache_with(self, writer) -> None:
+        """Write the rows the pipelined loops place at an array position (append_context_at, the
+        block in hidden) with `writer`, as Target.write_cache_with does the target's: one kernel a
+        layer where MLX's dynamic slice updates launch four (engine/cache_kernels.py). None: MLX's
+        operations. The pipelined loops hand over the target's writer each generation; a compiled
+        draft trace holds the writer it was traced with, so traces are dropped when it changes."""
+        if writer is not self.cache_writer:
+            self.cache_writer = writer
+            self.drop_traces()
 
     def fuse(self, taps: dict[int, mx.array]) -> mx.array:
         """(rows, T*H_target) -> (rows, H): the fused context rows."""
@@ -218,7 +229,7 @@ class ContextDrafter:
         ctx = self.fuse(taps)[None]
         for layer, cache in zip(self.head.layers, self.caches):
             k, v = layer.self_attn.kv(ctx, at)
-            traced = ArrayOffsetKV(cache.keys, cache.values, at)
+            traced = ArrayOffsetKV(cache.keys, cache.values, at, self.cache_writer)
             traced.update_and_fetch(k, v)
             cache.keys, cache.values = traced.keys, traced.values
 
@@ -286,7 +297,7 @@ class DSparkDrafter(ContextDrafter):
         else:
             # The block's rows are written at `at` and simply overwritten by the next append.
             for layer, cache in zip(self.head.layers, self.caches):
-                h = layer(h, ArrayOffsetKV(cache.keys, cache.values, at), at, mask)
+                h = layer(h, ArrayOffsetKV(cache.keys, cache.values, at, self.cache_writer), at, mask)
         return self.head.norm(h)[0]
 
     def vocab_logits(self, h: mx.array) -> mx.array:
