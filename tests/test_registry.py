@@ -366,7 +366,7 @@ def test_a_precision_gets_its_own_entry_and_load_pair_takes_the_one_the_model_is
 
 
 def test_the_shipped_registry_names_heads_this_checkout_has():
-    """dspark_lab/data/registry.json (built from the H200 sweeps of docs/results): every entry's head
+    """dspark_lab/data/registry.json (built from the sweeps of docs/results): every entry's head
     is a committed fixture, the pair is faster than plain decoding over enough lossless trials."""
     from pathlib import Path
 
@@ -379,7 +379,9 @@ def test_the_shipped_registry_names_heads_this_checkout_has():
         assert p["drafter"].startswith("fixtures/") and (root / p["drafter"] / "config.json").is_file()
         assert Path(_registry_drafter(p["drafter"], p["target"])).resolve() == (root / p["drafter"]).resolve()
         assert p["speedup"] > 1.0 and p["trials"] >= MIN_TRIALS and p["target"] == target_key(p["target"])
-        assert p["mode"] in ("dspark", "dspark-pipe", "lookup") and isinstance(p["options"], dict)
+        assert p["mode"] in ("dspark", "dspark-pipe", "dspark-tree", "dspark-tree-pipe", "lookup") and isinstance(p["options"], dict)
+        if p["mode"].startswith("dspark-tree"):
+            assert p["options"]["tree_nodes"] >= 1  # generate --mode auto runs the tree it measured
 
 
 def test_the_readme_shows_the_shipped_registry_as_it_is():
