@@ -13,8 +13,10 @@
 #   OUT=$OUT bash benchmarks/device_trees.sh sweep NAME [--resume]   the lab's sweep of the routed
 #       copy: the chain and trees of NODES (default 15) at caps CAPS (default 5,7), 8 prompts a set,
 #       2 trials, stopped 580 s into the call (a sweep keeps every finished trial: --resume goes on);
-#       the launch kernels as the engine's probe finds them (its verdict in the run's config)
-#       -> OUT/sweep_trees_NAME.{json,log}  (not run yet)
+#       the launch kernels as the engine's probe finds them (its verdict in the run's config); the
+#       head at the CLI's default 4 bits (the fiftieth round ran it with --drafter-bits 16 too: the
+#       same stored values through cuBLAS's float products, 5-10% slower side by side)
+#       -> OUT/sweep_trees_NAME.{json,log}
 # NAME is qwen15 or qwen05 (/root/ship/NAME/...; HEADS overrides /root/ship/data/heads; KEEP, default
 # /root, holds what a later call on the same machine reads: the sweep's database and log).
 set -o pipefail
@@ -40,7 +42,7 @@ case $step in
       --prompts "${PROMPTS:-3}" --copies "${COPIES:-base+split-head,attn+write+move+split-head,attn+write+move,attn+write+move+head4}" --json "$out/${name}_cuts.json" 2>&1 | tee "$out/${name}_cuts.log" ;;
   sweep)
     left=$((580 - SECONDS))
-    timeout "$left" python3 -m dspark_lab sweep -m "$model" -d "$heads/$name" --drafter-bits 16 \
+    timeout "$left" python3 -m dspark_lab sweep -m "$model" -d "$heads/$name" \
       --modes dspark-pipe,dspark-tree-pipe --compile-draft --caps "${CAPS:-5,7}" --tree-nodes "${NODES:-15}" \
       --precisions rows-kernel --prompt-limit 8 --trials 2 -n 128 --db "$keep/sweep_trees_$name.duckdb" \
       --json "$out/sweep_trees_$name.json" "$@" 2>&1 | tee -a "$keep/sweep_trees_$name.log"
