@@ -14,14 +14,15 @@ tree round's kept path with its one kernel where MLX's operations launch about e
 each layer's projections apart (as before the fiftieth round; loading now stacks them,
 drafters/load.stack_head_projections), `head4` at 4 bits (default: 16, the float weights; MLX's
 quantized products where a float head's go through cuBLAS). Each copy of the target (the engine's
-rows-kernel routing in all) is loaded apart with its own head; on each prompt (the first --prompts of code, math, chat)
-every copy decodes greedily (the plain step, and the compiled one-row step the cuts reach too), as
-the pipelined chain at each cap and as trees of each --tree-nodes as deep as the first cap, after a
-warm-up of every arm. Reported: each arm's decode rate over greedy decoding on the prompt (the
-median of the copies' greedy rates: the cuts touch only the array-offset forwards, so every copy's
-greedy runs the same kernels), its rate over its own copy's compiled one-row greedy step (which the
-cuts do reach: the fastest greedy that copy has), its accept, and whether its tokens equal its own
-copy's greedy.
+rows-kernel routing in all) is loaded apart with its own head; on each prompt (the first --prompts
+of code, math, chat) every copy decodes greedily (the plain step, and the compiled one-row step the
+cuts reach too), as the pipelined chain at each cap and as trees of each --tree-nodes as deep as the
+first cap, after a warm-up of every arm, each arm run in every copy in turn before the next arm.
+Reported: each arm's decode rate over greedy decoding on the prompt (the median of the copies'
+greedy rates: the cuts touch only the array-offset forwards, so every copy's plain greedy runs the
+same kernels, whatever its head), its rate over its own copy's compiled one-row greedy step (which
+the cuts do reach: the fastest greedy that copy has), its accept, and whether its tokens equal its
+own copy's greedy.
 Before decoding, the kernels are checked as the engine's probe checks them
 (lab/kernel_probe.measure_launch_kernels, untimed). The forty-ninth round's runs printed the
 largest differences of an earlier check instead (docs/results/h100_49_cuts*_qwen05.log).
@@ -113,7 +114,12 @@ def main() -> None:
     rows = []
     for p in prompts:
         ids = encode_prompt(tok, p.as_input())
-        results = {arm: run() for name in copies for arm, run in arms(name, ids, a.max_new_tokens)}
+        # Arm by arm, each in every copy in turn: a copy's arm runs beside the same arm of the others,
+        # so the per-prompt comparisons between copies see the same machine (the fiftieth round's
+        # runs, copy after copy, saw plain greedy move by up to a fifth between copies).
+        by_arm = zip(*(list(arms(name, ids, a.max_new_tokens)) for name in copies))
+        ran = {arm: run() for same_arm in by_arm for arm, run in same_arm}
+        results = {arm: ran[arm] for name in copies for arm, _ in arms(name, ids, a.max_new_tokens)}  # printed copy by copy
         base = statistics.median(r.decode_tokens_per_sec for arm, r in results.items() if arm.startswith("greedy/"))
         compiled = {arm.split("/")[1]: r.decode_tokens_per_sec for arm, r in results.items() if arm.startswith("greedy-compiled/")}
         for arm, r in results.items():
