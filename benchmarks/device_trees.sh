@@ -10,6 +10,10 @@
 #       head's projections apart, the three kernels with them apart, stacked, and stacked at 4 bits),
 #       greedy (plain and compiled step), the chain at cap 7, trees of NODES (default 15), PROMPTS
 #       (default 3) a set -> OUT/NAME_cuts.{json,log}
+#   OUT=$OUT bash benchmarks/device_trees.sh census NAME   the kernels a compiled greedy step, a chain
+#       round at cap 7 and a tree round of NODES (default 15) launch, by name, with the three launch
+#       kernels and the head at HEAD_BITS (default 4; its writes through the kernel since the fiftieth
+#       round) -> OUT/NAME_census.log
 #   OUT=$OUT bash benchmarks/device_trees.sh sweep NAME [--resume]   the lab's sweep of the routed
 #       copy: the chain and trees of NODES (default 15) at caps CAPS (default 5,7), 8 prompts a set,
 #       2 trials, stopped 580 s into the call (a sweep keeps every finished trial: --resume goes on);
@@ -20,7 +24,7 @@
 # NAME is qwen15 or qwen05 (/root/ship/NAME/...; HEADS overrides /root/ship/data/heads; KEEP, default
 # /root, holds what a later call on the same machine reads: the sweep's database and log).
 set -o pipefail
-step=${1:?usage: device_trees.sh bench NAME | cuts NAME | sweep NAME [--resume]}
+step=${1:?usage: device_trees.sh bench NAME | cuts NAME | census NAME | sweep NAME [--resume]}
 name=${2:?name the model: qwen15 or qwen05}
 shift 2
 out=${OUT:?set OUT to the folder whose files come back}
@@ -40,6 +44,9 @@ case $step in
   cuts)
     timeout 540 python3 benchmarks/launch_cuts.py --model "$model" --head "$heads/$name" --caps 7 --tree-nodes "${NODES:-15}" \
       --prompts "${PROMPTS:-3}" --copies "${COPIES:-base+split-head,attn+write+move+split-head,attn+write+move,attn+write+move+head4}" --json "$out/${name}_cuts.json" 2>&1 | tee "$out/${name}_cuts.log" ;;
+  census)
+    timeout 400 python3 benchmarks/kernel_census.py --model "$model" --head "$heads/$name" --caps 7 \
+      --tree-nodes "0,${NODES:-15}" --cuts attn,write,move --head-bits "${HEAD_BITS:-4}" 2>&1 | tee "$out/${name}_census.log" ;;
   sweep)
     left=$((580 - SECONDS))
     timeout "$left" python3 -m dspark_lab sweep -m "$model" -d "$heads/$name" \
@@ -47,5 +54,5 @@ case $step in
       --precisions rows-kernel --prompt-limit 8 --trials 2 -n 128 --db "$keep/sweep_trees_$name.duckdb" \
       --json "$out/sweep_trees_$name.json" "$@" 2>&1 | tee -a "$keep/sweep_trees_$name.log"
     cp "$keep/sweep_trees_$name.log" "$out/" ;;
-  *) echo "unknown step $step (bench NAME, cuts NAME, sweep NAME)" >&2; exit 2 ;;
+  *) echo "unknown step $step (bench NAME, cuts NAME, census NAME, sweep NAME)" >&2; exit 2 ;;
 esac
