@@ -232,3 +232,27 @@ def test_a_registry_entry_measured_pipelined_says_so(qwen3, tiny_dirs, heads, gr
     assert cfg.mode == "dspark-pipe" and drafter.kind == "dspark" and cfg.max_draft_tokens == 3
     r = speculative_generate(target, tok, drafter, PROMPTS[0], max_new_tokens=24, max_draft_tokens=cfg.max_draft_tokens, pipeline=True)
     assert r.token_ids == greedy_refs[PROMPTS[0]] and r.mode == "dspark-pipe"
+
+
+@pytest.mark.parametrize("draft_vocab", [0, 150])
+def test_a_greedy_block_without_a_markov_term_takes_one_argmax(qwen3, tmp_path, tiny_dirs, draft_vocab):
+    """Without a Markov term no slot depends on the token before it: the greedy drafts are one
+    argmax over the block's rows, the tokens slot by slot would give (mapped through d2t too)."""
+    import io
+
+    target, tok = qwen3
+    layout = "speculators" if draft_vocab else "native"
+    drafter = load_dspark(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], layout=layout, markov_rank=0,
+                                            draft_vocab=draft_vocab or None), target)
+    drafter.reset()
+    drafter.append_context(target.forward(mx.array(tok.encode(PROMPTS[0])), target.make_cache(),
+                                          taps=drafter.target_layer_ids).taps)
+    c = drafter.config
+    for cap in (1, 3, c.max_drafts):
+        out = drafter.draft(7, cap, SamplingParams())
+        logits = drafter.vocab_logits(drafter.hidden(7, c.block_size)[c.logits_start:c.logits_start + cap])
+        want = [drafter._to_target_ids(mx.argmax(logits[k], keepdims=True).astype(mx.uint32)).item() for k in range(cap)]
+        assert out.tokens.tolist() == want and out.probs is None
+    buf = io.StringIO()
+    mx.export_to_dot(buf, drafter.draft(7, c.max_drafts, SamplingParams()).tokens)
+    assert buf.getvalue().count('label ="ArgReduce"') == 1

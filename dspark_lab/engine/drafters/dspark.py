@@ -323,7 +323,11 @@ class DSparkDrafter(ContextDrafter):
         conf = getattr(self.head, "confidence_head", None)
         prev = _token_array(pending)
         tokens, probs, prevs = [], [], []
-        for k in range(cap):
+        if markov is None and params.greedy and cap:
+            # No slot depends on the token drafted before it: one argmax over the block's rows (the
+            # same tokens as slot by slot; a pipelined round launches one kernel, not cap of them).
+            tokens.append(self._to_target_ids(mx.argmax(logits, axis=-1).astype(mx.uint32)))
+        for k in range(0 if tokens else cap):
             row = logits[k]
             if markov is not None:
                 prevs.append(markov.markov_w1(prev))
