@@ -833,7 +833,8 @@ def test_the_sweeps_launch_kernels_are_probed_given_or_kept_off(tmp_path, monkey
     assert asked == ["/m/a|/h|auto"]
     with Session(engine) as s:
         noted = json.loads(s.get(Run, "r1").config)["launch_kernels_chosen"]
-    assert set(noted) == {"/m/a|/h|on", "/m/a|/h|auto"} and noted["/m/a|/h|on"]["reason"] == "--launch-kernels given"
+    assert set(noted) == {"/m/a|/h|off", "/m/a|/h|on", "/m/a|/h|auto"} and noted["/m/a|/h|on"]["reason"] == "--launch-kernels given"
+    assert noted["/m/a|/h|off"] == {"use": False, "reason": "--no-launch-kernels given"}
     engine.dispose()
 
 

@@ -671,10 +671,13 @@ def _route_launch_kernels(setting: str, target, head, tok, engine, run_id: str, 
     the target, a compiled baseline's one-row step too; the verdict goes in the run's config."""
     from ..engine.kernels import cuda_available
 
-    if setting == "off" or not cuda_available():
+    if not cuda_available():
         return
     from .kernel_probe import choose_launch_kernels, launch_kernels
 
+    if setting == "off":
+        _note_chosen(engine, run_id, "launch_kernels_chosen", pair, {"use": False, "reason": "--no-launch-kernels given"})
+        return
     if setting == "on":
         use, said = True, {"use": True, "reason": "--launch-kernels given"}
         say(f"{pair}: launch kernels on, as given")
