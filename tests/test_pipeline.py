@@ -229,3 +229,25 @@ def test_compile_draft_needs_the_pipelined_loop_and_samples_uncompiled(qwen3, he
     assert runs[0] == runs[1]
     with pytest.raises(InputError, match="pipeline=True"):
         speculative_generate(target, tok, drafter, "hi", compile_draft=True)
+
+
+def test_a_greedy_rounds_end_compiled_equals_the_rule_step_by_step():
+    """The chain loop's greedy verdict, next offset, pending token and payload come from one
+    compiled trace (pipeline._greedy_round_end): the same as the verify rule run op by op, for
+    every draft width (0: a catch-up round) and every place the drafts stop agreeing."""
+    import mlx.core as mx
+
+    from dspark_lab.engine.pipeline import _greedy_round_end, _round_end
+    from dspark_lab.engine.sampling import SamplingParams
+
+    mx.random.seed(0)
+    offset = mx.array(11, dtype=mx.int32)
+    for k in range(5):
+        logits = mx.random.normal((k + 1, 40))
+        best = mx.argmax(logits, axis=-1).astype(mx.uint32)
+        for wrong_at in range(k + 1):  # drafts agree up to wrong_at (k: all agree)
+            drafts = mx.where(mx.arange(k) < wrong_at, best[:k], (best[:k] + 1) % 40).astype(mx.uint32)
+            got = _greedy_round_end(logits, drafts, offset)
+            want = _round_end(logits, drafts, offset, SamplingParams(), None)
+            assert [g.tolist() for g in got] == [w.tolist() for w in want]
+            assert got[0].tolist()[0] == wrong_at

@@ -41,6 +41,19 @@ from .target import Target
 from .text import TextStream
 
 
+def _round_end(logits: mx.array, drafts: mx.array, offset: mx.array, params: SamplingParams, probs: mx.array | None):
+    """A chain round's verdict [n accepted, next token], the next round's offset and pending token,
+    and the payload the host reads ([verdict, drafts]), all lazy."""
+    verdict = verify(logits, drafts, params, probs)
+    return verdict, offset + verdict[0] + 1, verdict[1:].astype(mx.uint32), mx.concatenate([verdict, drafts.astype(mx.int32)])
+
+
+# Greedy, as one trace (one per draft width): its comparisons, conversions and sums fuse into fewer
+# kernels than they launch one by one, and a round on a GPU costs what it launches. Sampling stays
+# uncompiled: its random draws would have to be threaded through the trace.
+_greedy_round_end = mx.compile(lambda logits, drafts, offset: _round_end(logits, drafts, offset, SamplingParams(), None))
+
+
 class InFlight:
     """The host's side of a pipelined loop: the prefill, the rounds launched and not yet read, and
     reading each verdict one round late ([accepted n, next token, the drafts the n come from, ...])
@@ -155,11 +168,11 @@ def pipelined_loop(
         if lookup is not None:
             drafts, probs = lookup.overlay(pending, offset, drafts, probs, bound)
         out = target.forward_at(mx.concatenate([pending, drafts]), cache, offset, capacity=bound, taps=taps)
-        verdict = verify(out.logits, drafts, params, probs)  # [n accepted, next token]
         rows, rows_at = out.taps, offset
-        offset = offset + verdict[0] + 1
-        pending = verdict[1:].astype(mx.uint32)
-        payload = mx.concatenate([verdict, drafts.astype(mx.int32)])
+        if params.greedy:
+            _, offset, pending, payload = _greedy_round_end(out.logits, drafts, offset)
+        else:
+            _, offset, pending, payload = _round_end(out.logits, drafts, offset, params, probs)
         mx.async_eval(payload, offset, pending)
         run.launch(payload, k)
 
