@@ -116,7 +116,7 @@ def main() -> None:
         ids = encode_prompt(tok, p.as_input())
         # Arm by arm, each in every copy in turn: a copy's arm runs beside the same arm of the others,
         # so the per-prompt comparisons between copies see the same machine (the fiftieth round's
-        # runs, copy after copy, saw plain greedy move by up to a fifth between copies).
+        # runs, copy after copy, saw plain greedy move by up to half between copies).
         by_arm = zip(*(list(arms(name, ids, a.max_new_tokens)) for name in copies))
         ran = {arm: run() for same_arm in by_arm for arm, run in same_arm}
         results = {arm: ran[arm] for name in copies for arm, _ in arms(name, ids, a.max_new_tokens)}  # printed copy by copy
