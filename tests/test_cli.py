@@ -212,6 +212,32 @@ def test_generate_auto_runs_the_registry_pair_with_its_measured_loop_options(tin
     assert (seen[-1]["lookup_drafts"], seen[-1]["compile_draft"]) == (False, False)
 
 
+def test_generate_auto_runs_a_registry_tree_row_as_measured(tiny_dirs, tmp_path, monkeypatch):
+    """A dspark-tree-pipe row (the shipped registry's H100 rows since the fiftieth round): --mode
+    auto runs the pipelined trees at the row's cap with its tree size and compiled draft, losslessly."""
+    import dspark_lab.engine as engine_mod
+    from dspark_lab.engine import greedy_generate, load_target
+    from dspark_lab.engine import speculative as spec_mod
+    from dspark_lab.engine.names import target_key
+    from dspark_lab.tiny import build_tiny_dspark
+
+    head = build_tiny_dspark(tmp_path / "head", tiny_dirs["qwen3"], block_size=4, markov_rank=0)
+    entry = {"model_id": str(tiny_dirs["qwen3"]), "target": target_key(str(tiny_dirs["qwen3"])), "mode": "dspark-tree-pipe",
+             "drafter": str(head), "cap": 3, "speedup": 1.75, "trials": 48, "device": "NVIDIA H100 80GB HBM3 (cuda)",
+             "run_ids": ["r"], "date": "2026-12-07", "options": {"tree_nodes": 6, "lookup_drafts": False, "compile_draft": True}}
+    monkeypatch.setattr(spec_mod, "read_registry", lambda path=None: [entry])
+    seen, results = [], []
+    real = engine_mod.speculative_generate
+    monkeypatch.setattr(engine_mod, "speculative_generate", lambda *a, **k: seen.append(k) or results.append(real(*a, **k)) or results[-1])
+    r = runner.invoke(app, ["generate", "-m", str(tiny_dirs["qwen3"]), "--mode", "auto", "-p", "hello", "-n", "8", "--no-chat-template"])
+    assert r.exit_code == 0, r.output
+    assert "auto: dspark-tree-pipe drafter" in r.output and "tree_nodes=6" in r.output
+    k = seen[-1]
+    assert (k["pipeline"], k["tree_nodes"], k["compile_draft"], k["max_draft_tokens"]) == (True, 6, True, 3)
+    target, tok = load_target(tiny_dirs["qwen3"])
+    assert results[-1].token_ids == greedy_generate(target, tok, tok.encode("hello"), max_new_tokens=8).token_ids
+
+
 def test_doctor_prints_stamp_and_checks():
     r = runner.invoke(app, ["doctor"])
     assert r.exit_code == 0, r.output
