@@ -491,3 +491,52 @@ def test_the_cli_takes_launch_kernels_in_the_pipelined_modes_only(tiny_dirs, tmp
     head = str(build_tiny_dspark(tmp_path / "h", tiny_dirs["qwen3"], markov_rank=0))
     r = CliRunner().invoke(app, args + ["--mode", "dspark-pipe", "-d", head, "--drafter-bits", "16"])
     assert r.exit_code != 0 and "CUDA" in r.output and "Leave --launch-kernels off" in r.output
+
+
+def test_the_heads_block_takes_the_targets_attention_route_as_rows_that_all_see_one_another(tmp_path, monkeypatch):
+    """In the pipelined loops the head's block, drafted at an array position, attends through the
+    target's route (the tree kernel with every ancestor set: every block row sees the context and
+    the whole block) where the route takes its width, and the tokens stay the greedy ones; a head
+    whose window could bind, or no route, keeps MLX's attention. The head's head dim (16) is not
+    the kernel's, so the stand-in is let take it here."""
+    from conftest import PROMPTS
+    from dspark_lab import greedy_generate, load_target, speculative_generate
+    from dspark_lab.engine.drafters.load import load_dspark
+    from dspark_lab.tiny import build_tiny_dspark, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "qwen3", "qwen3", seed=5)
+    target, tok = load_target(model)
+    head = load_dspark(build_tiny_dspark(tmp_path / "h", model, markov_rank=0), target)
+    target.check_offset_forward()
+    target.check_tree_forward()
+    monkeypatch.setattr(attention_kernel, "supports", lambda q, k, v: None)
+    seen, ancestors_given = [], []
+
+    def kernel(q, k, v, offset, scale, ancestors=None):
+        seen.append((q.shape[1], q.shape[2], None if ancestors is None else ancestors.shape))
+        ancestors_given.append(ancestors)
+        return attention_kernel.reference_rows_attention(q, k, v, offset, scale, ancestors=ancestors)
+
+    target.route_attention(kernel, policy=lambda rows: True)
+    rows = head.config.block_size
+    block = (head.config.num_attention_heads, rows, (rows, rows))
+    for tree_nodes, compiled in ((0, False), (0, True), (6, True)):
+        for prompt in PROMPTS[:2]:
+            ids = tok.encode(prompt)
+            want = greedy_generate(target, tok, ids, max_new_tokens=12).token_ids
+            got = speculative_generate(target, tok, head, ids, max_new_tokens=12, max_draft_tokens=3, pipeline=True,
+                                       tree_nodes=tree_nodes, compile_draft=compiled)
+            assert got.token_ids == want, (tree_nodes, compiled, prompt)
+        if not compiled:  # the uncompiled draft's block: real arrays, every ancestor set
+            given = [a for s, a in zip(seen, ancestors_given) if s == block]
+            assert given and all(mx.all(a).item() for a in given)
+    assert block in seen and head.attention_route is target.attention_route
+    seen.clear()
+    head.window = 4  # shorter than the buffers: the window could hide early context, which the kernel would not
+    speculative_generate(target, tok, head, tok.encode(PROMPTS[0]), max_new_tokens=8, max_draft_tokens=3, pipeline=True)
+    assert block not in seen  # the uncompiled draft calls the route each round where it takes the block
+    target.route_attention(None)
+    seen.clear()
+    head.window = 4096
+    speculative_generate(target, tok, head, tok.encode(PROMPTS[0]), max_new_tokens=8, max_draft_tokens=3, pipeline=True)
+    assert seen == [] and head.attention_route is None

@@ -88,6 +88,25 @@ class _AttentionRouted:
             _routing.clear()
 
 
+class BlockAttentionRouted(_AttentionRouted):
+    """Within: the attention calls given `mask` go through the route's kernel as `rows` rows that
+    all see one another and every position before `offset` (the tree kernel with every ancestor
+    set): a DSpark head's block drafted at an array position (drafters/dspark.DSparkDrafter.hidden),
+    whose attention MLX runs as a cuDNN child graph a layer on CUDA. The caller vouches that `mask`
+    hides nothing else (no causal rule, no window that binds); calls the kernel does not take
+    (attention_kernel.supports, sinks) run MLX's attention as before."""
+
+    def __init__(self, route: AttentionRoute | None, mask: mx.array, offset: mx.array, rows: int):
+        super().__init__(route, rows)
+        self.mask, self.offset, self.rows = mask, offset, rows
+
+    def __enter__(self):
+        super().__enter__()
+        if self.on:
+            _routing["masks"].append((self.mask, self.offset, mx.ones((self.rows, self.rows), dtype=mx.bool_)))
+        return self
+
+
 class ArrayOffsetKV:
     """A BucketedKVCache as the compiled forward sees it: whole buffers and an array offset. The
     new rows are written by `writer` (Target.write_cache_with; MLX's operations by default)."""

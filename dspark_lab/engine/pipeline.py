@@ -66,7 +66,7 @@ class InFlight:
         prefill = target.forward(mx.array(prompt_ids, dtype=mx.uint32), self.cache, taps=drafter.target_layer_ids, last_only=True)
         first = pick_token(prefill.logits[-1], params)
         drafter.reset()
-        drafter.write_cache_with(target.cache_writer)  # the head's rows at array positions, as the target's
+        drafter.use_kernels_of(target)  # the head's writes and block attention at array positions, as the target's
         drafter.append_context(prefill.taps)
         self.first_token = first.item()
         self.clock.first_token()

@@ -165,9 +165,9 @@ class PipelinedDraftModel:
     def append_context(self, taps) -> None:
         """Nothing to append: the prefill's tokens went in at `reset`."""
 
-    def write_cache_with(self, writer) -> None:
-        """The target's cache writer is not taken: the draft model's forwards write with its own
-        (Target.write_cache_with on the draft model)."""
+    def use_kernels_of(self, target) -> None:
+        """The target's kernels are not taken: the draft model's forwards write and attend with its
+        own (Target.write_cache_with and route_attention on the draft model)."""
 
     def ensure_capacity(self, size: int) -> None:
         self.capacity = max(self.capacity, size)

@@ -179,7 +179,8 @@ class ContextDrafter:
         self.window, self.name = window, name
         self.caches: list[BucketedKVCache] = []
         self.ctx_len = 0
-        self.cache_writer = None  # write_cache_with: the target's writer in the pipelined loops
+        self.cache_writer = None  # use_kernels_of: the target's writer in the pipelined loops
+        self.attention_route = None  # use_kernels_of: the target's attention route (compiled.AttentionRoute)
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:
@@ -193,14 +194,16 @@ class ContextDrafter:
         """Forget compiled traces (none here): after the target's products change
         (Target.route_quantized_rows) a trace that called the target's lm_head would keep the old one."""
 
-    def write_cache_with(self, writer) -> None:
-        """Write the rows the pipelined loops place at an array position (append_context_at, the
-        block in hidden) with `writer`, as Target.write_cache_with does the target's: one kernel a
-        layer where MLX's dynamic slice updates launch four (engine/cache_kernels.py). None: MLX's
-        operations. The pipelined loops hand over the target's writer each generation; a compiled
-        draft trace holds the writer it was traced with, so traces are dropped when it changes."""
-        if writer is not self.cache_writer:
-            self.cache_writer = writer
+    def use_kernels_of(self, target) -> None:
+        """Take the target's launch-saving kernels for what the pipelined loops run at an array
+        position (the loops hand them over each generation): its cache writer for the rows
+        append_context_at and the block write (one kernel a layer where MLX's dynamic slice updates
+        launch four, engine/cache_kernels.py), and its attention route for the block's attention
+        where the route takes the block's width (DSparkDrafter.hidden). None: MLX's operations. A
+        compiled draft trace holds what it was traced with, so traces are dropped when they change."""
+        kernels = (target.cache_writer, target.attention_route)
+        if kernels[0] is not self.cache_writer or kernels[1] is not self.attention_route:
+            self.cache_writer, self.attention_route = kernels
             self.drop_traces()
 
     def fuse(self, taps: dict[int, mx.array]) -> mx.array:
@@ -296,9 +299,19 @@ class DSparkDrafter(ContextDrafter):
                 cache.trim(width)  # the block never stays in the context
         else:
             # The block's rows are written at `at` and simply overwritten by the next append.
-            for layer, cache in zip(self.head.layers, self.caches):
-                h = layer(h, ArrayOffsetKV(cache.keys, cache.values, at, self.cache_writer), at, mask)
+            with self._block_attention(mask, width, at):
+                for layer, cache in zip(self.head.layers, self.caches):
+                    h = layer(h, ArrayOffsetKV(cache.keys, cache.values, at, self.cache_writer), at, mask)
         return self.head.norm(h)[0]
+
+    def _block_attention(self, mask: mx.array, width: int, at: mx.array):
+        """The block's attention through the target's route where its mask is the tree kernel's
+        with every row seeing every other: a head that is not causal, whose window cannot bind
+        (the buffers, which hold `at` + width, no longer than it). Else MLX's, as before."""
+        from ..compiled import BlockAttentionRouted
+
+        fits = not self.config.causal and self.caches[0].keys.shape[2] <= self.window
+        return BlockAttentionRouted(self.attention_route if fits else None, mask, at, width)
 
     def vocab_logits(self, h: mx.array) -> mx.array:
         """Block rows' hidden states -> draft logits: the bound lm_head and the head's soft cap
