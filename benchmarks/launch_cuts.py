@@ -13,7 +13,9 @@ tree round's kept path with its one kernel where MLX's operations launch about e
 (together: Target.use_launch_kernels). Two more words set a copy's head: `split-head` loads it with
 each layer's projections apart (as before the fiftieth round; loading now stacks them,
 drafters/load.stack_head_projections), `head4` at 4 bits (default: 16, the float weights; MLX's
-quantized products where a float head's go through cuBLAS). Each copy of the target (the engine's
+quantized products where a float head's go through cuBLAS), `head-mlx` keeps the head off the target's
+kernels (as in the fiftieth round's calls: the pipelined loops now hand the head the target's cache
+writer and attention route, ContextDrafter.use_kernels_of). Each copy of the target (the engine's
 rows-kernel routing in all) is loaded apart with its own head; on each prompt (the first --prompts
 of code, math, chat) every copy decodes greedily (the plain step, and the compiled one-row step the
 cuts reach too), as the pipelined chain at each cap and as trees of each --tree-nodes as deep as the
@@ -78,16 +80,18 @@ def main() -> None:
     caps = [int(c) for c in a.caps.split(",")]
     trees = [int(n) for n in a.tree_nodes.split(",") if n]
     copies: dict = {}
-    head_words = {"split-head", "head4"}
+    head_words = {"split-head", "head4", "head-mlx"}
     for name in a.copies.split(","):
         words = set(name.split("+")) - {"base"}
         unknown = words - head_words - {"attn", "write", "move"}
         if unknown:
-            raise SystemExit(f"unknown word(s) {sorted(unknown)} in copy {name!r}: use base, attn, write, move, split-head, head4")
+            raise SystemExit(f"unknown word(s) {sorted(unknown)} in copy {name!r}: use base, attn, write, move, split-head, head4, head-mlx")
         target, tok = load_target(a.model)
         target.route_quantized_rows(quantized_rows_matmul())
         apply_cuts(target, words - head_words)
         head = load_dspark(a.head, target, bits=4 if "head4" in words else 16, stack_projections="split-head" not in words)
+        if "head-mlx" in words:
+            head.use_kernels_of = lambda target: None  # the loops' handover declined: MLX's operations
         copies[name] = (target, head)
     from dspark_lab.lab.kernel_probe import measure_launch_kernels
 
