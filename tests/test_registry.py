@@ -298,15 +298,21 @@ def test_an_entry_names_its_heads_where_users_have_them_and_its_loop_options(tmp
     for bad in (["nothing-to-rename"], ["=x"], ["x="]):
         with pytest.raises(DsparkError, match="give OLD=NEW"):
             parse_names(bad)
-    # Runs that disagree on an option: the entry claims none it cannot vouch for.
+    # Runs that disagree on an option are arms apart: each entry claims the options its trials ran.
     with Session(engine) as s:
         s.add(Run(id="rp2", status="finished", dspark_lab_version="0.1.0", device_key="k", machine=CUDA,
                   device_stamp=json.dumps({"backend": "cuda"}), config=json.dumps({"pipe_lookup": False, "compile_draft": True})))
         s.commit()
     with engine.begin() as conn:
         conn.execute(text("UPDATE trials SET run_id = 'rp2' WHERE trial_index = 1"))
-    [entry] = build_registry(engine)["pairs"]
-    assert entry["options"] == {"compile_draft": True}
+        conn.execute(text("UPDATE trials SET decode_tokens_per_sec = 200.0 WHERE run_id = 'rp2' AND mode = 'dspark-pipe'"))
+    [entry] = build_registry(engine, min_trials=3)["pairs"]
+    assert (entry["speedup"], entry["trials"], entry["run_ids"]) == (2.0, 3, ["rp2"])
+    assert entry["options"] == {"lookup_drafts": False, "compile_draft": True}
+    with engine.begin() as conn:  # a run whose config cannot be read: the entry claims no option
+        conn.execute(text("UPDATE runs SET config = 'not json'"))
+    [entry] = build_registry(engine, min_trials=3)["pairs"]
+    assert entry["options"] == {}
 
 
 def test_a_tree_entry_keeps_its_tree_size(tmp_path):
@@ -317,6 +323,37 @@ def test_a_tree_entry_keeps_its_tree_size(tmp_path):
     engine = _pipe_db(tmp_path, "some/model", "some/head", {"tree_nodes": 24, "compile_draft": True}, mode="dspark-tree-pipe")
     [entry] = build_registry(engine)["pairs"]
     assert (entry["mode"], entry["options"]) == ("dspark-tree-pipe", {"tree_nodes": 24, "lookup_drafts": False, "compile_draft": True})
+
+
+def test_trees_of_other_sizes_are_arms_apart(tmp_path):
+    """Two sweeps of the same tree mode and cap with trees of 15 and 31 nodes: pooling their trials
+    would give a speedup of no tree anyone can run, so each size is its own arm and the entry is the
+    faster size's, with its size in its options; a mode the tree size does not touch (dspark-pipe)
+    still pools both runs. The slower size, refused for too few trials, says which size it was."""
+    engine = open_db(tmp_path / "trees.duckdb")
+    with Session(engine) as s:
+        for run_id, nodes, tok_s in (("r15", 15, 150.0), ("r31", 31, 180.0)):
+            s.add(Run(id=run_id, status="finished", dspark_lab_version="0.1.0", device_key="k", machine=CUDA,
+                      device_stamp=json.dumps({"backend": "cuda"}),
+                      config=json.dumps({"tree_nodes": nodes, "compile_draft": True, "pipe_lookup": False})))
+            for p in PROMPTS:
+                for i in range(2):
+                    s.add(trial(run_id, "some/model", "baseline", "0", p, i, 100.0))
+                    s.add(trial(run_id, "some/model", "dspark-tree-pipe", "7", p, i, tok_s, drafter="some/head"))
+                    s.add(trial(run_id, "some/model", "dspark-pipe", "7", p, i, 120.0, drafter="some/head"))
+        s.commit()
+    [entry] = build_registry(engine)["pairs"]
+    assert (entry["mode"], entry["cap"], entry["speedup"], entry["trials"], entry["run_ids"]) == ("dspark-tree-pipe", 7, 1.8, 6, ["r31"])
+    assert entry["options"] == {"tree_nodes": 31, "lookup_drafts": False, "compile_draft": True}
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM trials WHERE run_id = 'r15' AND mode = 'dspark-tree-pipe' AND trial_index = 1"))
+    reg = build_registry(engine)
+    [refused] = reg["refused"]
+    assert refused["options"]["tree_nodes"] == 15 and "only 3 trials" in refused["reason"]
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM trials WHERE mode = 'dspark-tree-pipe'"))
+    [pipe] = build_registry(engine)["pairs"]
+    assert (pipe["mode"], pipe["trials"], sorted(pipe["run_ids"])) == ("dspark-pipe", 12, ["r15", "r31"])
 
 
 def test_a_precision_gets_its_own_entry_and_load_pair_takes_the_one_the_model_is_stored_at(tmp_path):

@@ -7,8 +7,9 @@ or no faster than plain decoding is left out and listed under "refused" with the
 
 The JSON is what dspark_lab.engine.speculative.read_registry / load_pair read: each entry keeps
 `target`, `drafter`, `cap`, `speedup`, `trials`, `device`, `run_ids`, `date`, the `options` its
-loop was measured with (for dspark-pipe: lookup_drafts, compile_draft) and the `drafter_digest` of
-the weights measured (engine/loading.weights_digest).
+loop was measured with (for dspark-pipe: lookup_drafts, compile_draft; for trees their size too)
+and the `drafter_digest` of the weights measured (engine/loading.weights_digest). An arm whose runs
+ran other options (trees of 15 nodes in one sweep, 31 in another) is an arm per set of options.
 """
 
 from __future__ import annotations
@@ -68,30 +69,67 @@ def _provenance(runs: pl.DataFrame, run_ids: list[str]) -> dict:
     }
 
 
-def _loop_options(runs: pl.DataFrame, run_ids: list[str], mode: str) -> dict:
-    """The options the arm's loop ran with, which a caller must repeat to get the measured speed:
-    for dspark-pipe, device-side lookup drafts and the compiled draft (the sweep's --pipe-lookup
-    and --compile-draft, as speculative_generate's lookup_drafts and compile_draft); for
-    dspark-tree, the tree's size (tree_nodes); for dspark-tree-pipe its size, the device-side lookup
-    and the compiled draft. Only those every run agrees on; empty for the other modes."""
-    if mode not in ("dspark-pipe", "dspark-tree", "dspark-tree-pipe"):
-        return {}
-    configs = []
-    for r in runs.filter(pl.col("id").is_in(run_ids)).to_dicts():
+def _run_configs(runs: pl.DataFrame) -> dict[str, dict | None]:
+    """Each run's sweep config (None where it is not valid JSON)."""
+    configs = {}
+    for r in runs.to_dicts():
         try:
-            configs.append(json.loads(r["config"] or "{}"))
+            configs[r["id"]] = json.loads(r["config"] or "{}")
         except json.JSONDecodeError:
-            return {}
+            configs[r["id"]] = None
+    return configs
+
+
+def _options_of(config: dict, mode: str) -> dict:
+    """The loop options an arm of `mode` ran with in a run of this config, which a caller must
+    repeat to get the measured speed: for dspark-pipe, device-side lookup drafts and the compiled
+    draft (the sweep's --pipe-lookup and --compile-draft, as speculative_generate's lookup_drafts
+    and compile_draft); for dspark-tree, the tree's size (tree_nodes); for dspark-tree-pipe its size,
+    the device-side lookup and the compiled draft; none for the other modes."""
     if mode == "dspark-tree":
-        seen = {"tree_nodes": {c.get("tree_nodes", 16) for c in configs}}
-    elif mode == "dspark-tree-pipe":
-        seen = {"tree_nodes": {c.get("tree_nodes", 16) for c in configs},
-                "lookup_drafts": {bool(c.get("pipe_lookup")) for c in configs},
-                "compile_draft": {bool(c.get("compile_draft")) for c in configs}}
-    else:
-        seen = {"lookup_drafts": {bool(c.get("pipe_lookup")) for c in configs},
-                "compile_draft": {bool(c.get("compile_draft")) for c in configs}}
+        return {"tree_nodes": config.get("tree_nodes", 16)}
+    if mode == "dspark-tree-pipe":
+        return {"tree_nodes": config.get("tree_nodes", 16), "lookup_drafts": bool(config.get("pipe_lookup")),
+                "compile_draft": bool(config.get("compile_draft"))}
+    if mode == "dspark-pipe":
+        return {"lookup_drafts": bool(config.get("pipe_lookup")), "compile_draft": bool(config.get("compile_draft"))}
+    return {}
+
+
+def _loop_options(configs: dict[str, dict | None], run_ids: list[str], mode: str) -> dict:
+    """The loop options (_options_of) every one of the arm's runs agrees on; empty where a run's
+    config cannot be read."""
+    if any(configs.get(r) is None for r in run_ids):
+        return {}
+    seen: dict[str, set] = {}
+    for r in run_ids:
+        for option, value in _options_of(configs[r], mode).items():
+            seen.setdefault(option, set()).add(value)
     return {option: values.pop() for option, values in seen.items() if len(values) == 1}
+
+
+def _arms(engine: Engine, trials: pl.DataFrame, configs: dict[str, dict | None], *, n_boot: int, seed: int) -> pl.DataFrame:
+    """summary's rows of the drafting arms, one per arm and set of loop options: the runs of an arm
+    that ran other loop options (trees of 15 nodes in one sweep, 31 in another) are summarized
+    apart, since pooling their trials would describe no configuration a caller can run. Each part
+    keeps every run's non-drafting trials, so its baselines are found as summary finds them."""
+    drafting = trials.filter(~pl.col("mode").is_in(NON_DRAFTING_MODES))
+    parts: dict[tuple, list[str]] = {}
+    for mode, run_id in drafting.select("mode", "run_id").unique().sort("mode", "run_id").iter_rows():
+        config = configs.get(run_id)
+        key = json.dumps(_options_of(config, mode), sort_keys=True) if config is not None else "unread"
+        parts.setdefault((mode, key), []).append(run_id)
+    if len({mode for mode, _ in parts}) == len(parts):  # every arm's runs agree: one summary, as before
+        rows = summary(engine, n_boot=n_boot, seed=seed, by_domain=False, trials=trials)
+        rows = rows.filter(~pl.col("mode").is_in(NON_DRAFTING_MODES))
+    else:
+        frames = []
+        for (mode, _), run_ids in parts.items():
+            part = trials.filter(pl.col("mode").is_in(NON_DRAFTING_MODES) | ((pl.col("mode") == mode) & pl.col("run_id").is_in(run_ids)))
+            frames.append(summary(engine, n_boot=n_boot, seed=seed, by_domain=False, trials=part).filter(pl.col("mode") == mode))
+        rows = pl.concat(frames)
+    options = [_loop_options(configs, r["run_ids"], r["mode"]) for r in rows.select("run_ids", "mode").iter_rows(named=True)]
+    return rows.with_columns(pl.Series("options", [json.dumps(o, sort_keys=True) for o in options], dtype=pl.String))
 
 
 def parse_names(pairs: list[str]) -> dict[str, str]:
@@ -127,7 +165,8 @@ def _refusal(arm: dict, min_trials: int) -> str | None:
 def _arm_dict(arm: dict) -> dict:
     return {"target": target_key(arm["model_id"]), "machine": arm["machine"], "model_id": arm["model_id"],
             "mode": arm["mode"], "drafter": arm["drafter_id"], "cap": _cap_value(arm["cap"]), "trials": arm["trials"],
-            "speedup": None if arm["speedup"] is None else round(arm["speedup"], 4)}
+            "speedup": None if arm["speedup"] is None else round(arm["speedup"], 4),
+            **({"options": json.loads(arm["options"])} if arm.get("options", "{}") != "{}" else {})}
 
 
 def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: list[str] | None = None,
@@ -139,13 +178,13 @@ def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: lis
     if min_trials < 1:
         raise DsparkError(f"--min-trials must be at least 1, got {min_trials}.")
     trials = trials_frame(engine, run_ids)
-    arms = summary(engine, n_boot=n_boot, seed=seed, by_domain=False, trials=trials)
+    runs = runs_frame(engine, run_ids)
+    configs = _run_configs(runs)
     # Only drafting arms compete: the baseline and mlx-lm's own decoder (a reference) do not draft.
-    arms = arms.filter(~pl.col("mode").is_in(NON_DRAFTING_MODES))
+    arms = _arms(engine, trials, configs, n_boot=n_boot, seed=seed)
     # A sweep's "unfused" precision is the engine's stacked projections measured side by side with
     # the layers as stored (engine/fused.py): a comparison, not a way the engine loads a model.
     arms = arms.filter(~pl.col("model_id").str.ends_with(f"@{UNFUSED}"))
-    runs = runs_frame(engine, run_ids)
 
     candidates: dict[tuple[str, str], list[dict]] = {}
     refused = []
@@ -192,7 +231,7 @@ def build_registry(engine: Engine, min_trials: int = MIN_TRIALS, *, run_ids: lis
             "run_ids": best["run_ids"],
             "date": prov["date"],
             "versions": prov["versions"],
-            "options": _loop_options(runs, best["run_ids"], best["mode"]),
+            "options": json.loads(best["options"]),
             # Which version of the drafter's weights was measured (None: unknown, trials from before
             # schema 3 or a drafter that is no local folder); load_pair warns when the local one differs.
             "drafter_digest": (best["drafter_digests"] or [None])[0],
