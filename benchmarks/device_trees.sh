@@ -30,6 +30,7 @@ shift 2
 out=${OUT:?set OUT to the folder whose files come back}
 heads=${HEADS:-/root/ship/data/heads}
 keep=${KEEP:-/root}
+mkdir -p "$keep"  # (a KEEP not made yet lost the fifty-first round's 16-prompt sweep log to tee -a)
 export PYTHONUNBUFFERED=1
 case $name in
   qwen15) model=/root/ship/qwen15/qwen2.5-coder-1.5b-q4-bfloat16 ;;
