@@ -1,6 +1,7 @@
 """Whether the pipelined loop's rounds wait on the host or on the device.
 
     python benchmarks/round_host_time.py --model DIR --head DIR [--caps 7] [--tree-nodes 0,15] [--prompts 2] [--max-new-tokens 128]
+        [--launch-kernels] [--head-bits 4]
 
 The pipelined loops (engine/pipeline.py, engine/tree_pipeline.py) build round r+1 while the device
 computes round r, then read round r's verdict. If building a round takes the host longer than the
@@ -13,6 +14,11 @@ the graph. Beside them, plain decoding's rate in the same process (its step buil
 previous one computes) and each arm's rate. The target goes through the rows kernel where the
 engine routes it (rows_kernel.worth_routing) when it runs on CUDA. Measured on an H100 in the
 forty-eighth round (docs/performance.md): the host bounds the loop, mostly in mx.async_eval.
+With --launch-kernels (CUDA) the target takes the three launch-saving kernels the engine's probe
+chooses there (Target.use_launch_kernels), and plain decoding is the compiled one-row step that uses
+them too, as `generate --mode baseline` runs it; its own hand-over is timed a step (fifty-first round:
+a chain round launches 1.16x that step's kernels yet costs about 1.5x its time). --head-bits: the
+head's products at 4 bits (the engine's default) or 16 (float; what this script loaded before).
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2, help="the first N prompts of each built-in set")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default=None, help="load the target in this precision (float32 on a CPU)")
+    ap.add_argument("--launch-kernels", action="store_true", help="the three launch kernels and the compiled one-row step (CUDA)")
+    ap.add_argument("--head-bits", type=int, default=4, choices=(4, 16))
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     target, tok = load_target(a.model, dtype=a.dtype)
@@ -77,7 +85,13 @@ def main() -> None:
         from dspark_lab.engine.rows_kernel import quantized_rows_matmul
 
         print(f"rows kernel: {target.route_quantized_rows(quantized_rows_matmul())} layers routed", flush=True)
-    head = load_dspark(a.head, target, bits=16)
+    if a.launch_kernels:
+        from dspark_lab.lab.kernel_probe import launch_kernels
+
+        target.check_offset_forward()  # the once-a-model checks compare with MLX's own attention: before the route
+        target.check_tree_forward()
+        target.use_launch_kernels(launch_kernels())
+    head = load_dspark(a.head, target, bits=a.head_bits)
     instrument()
     prompts = [p for s in load_prompt_sets("code,math,chat", limit=a.prompts) for p in s.prompts]
     arms = [(cap, nodes) for cap in (int(c) for c in a.caps.split(",")) for nodes in (int(n) for n in a.tree_nodes.split(","))]
@@ -86,14 +100,19 @@ def main() -> None:
         return speculative_generate(target, tok, head, ids, max_new_tokens=n, max_draft_tokens=cap, pipeline=True,
                                     compile_draft=True, tree_nodes=nodes)
 
+    def greedy(ids, n):
+        return greedy_generate(target, tok, ids, max_new_tokens=n, compiled_step=a.launch_kernels)
+
     warm = encode_prompt(tok, prompts[0].as_input())
-    greedy_generate(target, tok, warm, max_new_tokens=32)
+    greedy(warm, 32)
     for cap, nodes in arms:
         run(warm, cap, nodes, 32)
     report = []
     for p in prompts:
         ids = encode_prompt(tok, p.as_input())
-        g = greedy_generate(target, tok, ids, max_new_tokens=a.max_new_tokens)
+        TIMES["launch"].clear()
+        g = greedy(ids, a.max_new_tokens)
+        greedy_launch = statistics.median(TIMES["launch"]) * 1e3 if TIMES["launch"] else float("nan")
         for cap, nodes in arms:
             for v in TIMES.values():
                 v.clear()
@@ -101,11 +120,12 @@ def main() -> None:
             build, read = statistics.median(TIMES["build"]) * 1e3, statistics.median(TIMES["read"]) * 1e3
             launch = statistics.median(TIMES["launch"]) * 1e3
             row = {"prompt": p.id, "cap": cap, "nodes": nodes, "greedy_ms_per_token": 1e3 / g.decode_tokens_per_sec,
+                   "greedy_launch_ms": greedy_launch,
                    "round_ms": r.mean_accept_len / r.decode_tokens_per_sec * 1e3, "build_ms": build, "launch_ms": launch, "read_ms": read,
                    "accept": r.mean_accept_len, "over_greedy": r.decode_tokens_per_sec / g.decode_tokens_per_sec}
             report.append(row)
             print(f"{p.id} cap {cap} {'chain' if not nodes else f'tree {nodes}'}: round {row['round_ms']:.2f} ms "
-                  f"(greedy step {row['greedy_ms_per_token']:.2f}); host builds {build:.2f} ms (launching {launch:.2f}), reads {read:.2f} ms "
+                  f"(greedy step {row['greedy_ms_per_token']:.2f}, launching {greedy_launch:.2f}); host builds {build:.2f} ms (launching {launch:.2f}), reads {read:.2f} ms "
                   f"(median a round); accept {r.mean_accept_len:.2f}, {row['over_greedy']:.2f}x greedy", flush=True)
     for cap, nodes in arms:
         rows = [r for r in report if r["cap"] == cap and r["nodes"] == nodes]
@@ -113,7 +133,8 @@ def main() -> None:
               f"{statistics.median(r['round_ms'] for r in rows):.2f} ms, build {statistics.median(r['build_ms'] for r in rows):.2f} "
               f"(launching {statistics.median(r['launch_ms'] for r in rows):.2f}), "
               f"read {statistics.median(r['read_ms'] for r in rows):.2f}; greedy step "
-              f"{statistics.median(r['greedy_ms_per_token'] for r in rows):.2f} ms", flush=True)
+              f"{statistics.median(r['greedy_ms_per_token'] for r in rows):.2f} ms "
+              f"(launching {statistics.median(r['greedy_launch_ms'] for r in rows):.2f})", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
 
