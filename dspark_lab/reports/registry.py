@@ -96,40 +96,37 @@ def _options_of(config: dict, mode: str) -> dict:
     return {}
 
 
-def _loop_options(configs: dict[str, dict | None], run_ids: list[str], mode: str) -> dict:
-    """The loop options (_options_of) every one of the arm's runs agrees on; empty where a run's
-    config cannot be read."""
-    if any(configs.get(r) is None for r in run_ids):
-        return {}
-    seen: dict[str, set] = {}
-    for r in run_ids:
-        for option, value in _options_of(configs[r], mode).items():
-            seen.setdefault(option, set()).add(value)
-    return {option: values.pop() for option, values in seen.items() if len(values) == 1}
+def _options_key(config: dict | None, mode: str) -> str:
+    """The loop options (_options_of) of an arm of `mode` in a run of this config, as JSON: the key
+    an arm's runs are summarized apart by. "unread" where the config is not valid JSON and the mode
+    has options: such runs claim none, and pool only with each other."""
+    if config is None:
+        return "unread" if _options_of({}, mode) else "{}"
+    return json.dumps(_options_of(config, mode), sort_keys=True)
 
 
 def _arms(engine: Engine, trials: pl.DataFrame, configs: dict[str, dict | None], *, n_boot: int, seed: int) -> pl.DataFrame:
-    """summary's rows of the drafting arms, one per arm and set of loop options: the runs of an arm
-    that ran other loop options (trees of 15 nodes in one sweep, 31 in another) are summarized
-    apart, since pooling their trials would describe no configuration a caller can run. Each part
-    keeps every run's non-drafting trials, so its baselines are found as summary finds them."""
+    """summary's rows of the drafting arms, one per arm and set of loop options (column `options`,
+    JSON; "{}" for runs whose config cannot be read): the runs of an arm that ran other loop options
+    (trees of 15 nodes in one sweep, 31 in another) are summarized apart, since pooling their trials
+    would describe no configuration a caller can run. Each part keeps every run's non-drafting
+    trials, so its baselines are found as summary finds them."""
     drafting = trials.filter(~pl.col("mode").is_in(NON_DRAFTING_MODES))
-    parts: dict[tuple, list[str]] = {}
+    parts: dict[tuple[str, str], list[str]] = {}
     for mode, run_id in drafting.select("mode", "run_id").unique().sort("mode", "run_id").iter_rows():
-        config = configs.get(run_id)
-        key = json.dumps(_options_of(config, mode), sort_keys=True) if config is not None else "unread"
-        parts.setdefault((mode, key), []).append(run_id)
+        parts.setdefault((mode, _options_key(configs.get(run_id), mode)), []).append(run_id)
+    shown = {key: "{}" if key == "unread" else key for _, key in parts}
     if len({mode for mode, _ in parts}) == len(parts):  # every arm's runs agree: one summary, as before
+        key_of = {mode: key for mode, key in parts}
         rows = summary(engine, n_boot=n_boot, seed=seed, by_domain=False, trials=trials)
         rows = rows.filter(~pl.col("mode").is_in(NON_DRAFTING_MODES))
-    else:
-        frames = []
-        for (mode, _), run_ids in parts.items():
-            part = trials.filter(pl.col("mode").is_in(NON_DRAFTING_MODES) | ((pl.col("mode") == mode) & pl.col("run_id").is_in(run_ids)))
-            frames.append(summary(engine, n_boot=n_boot, seed=seed, by_domain=False, trials=part).filter(pl.col("mode") == mode))
-        rows = pl.concat(frames)
-    options = [_loop_options(configs, r["run_ids"], r["mode"]) for r in rows.select("run_ids", "mode").iter_rows(named=True)]
-    return rows.with_columns(pl.Series("options", [json.dumps(o, sort_keys=True) for o in options], dtype=pl.String))
+        return rows.with_columns(pl.Series("options", [shown[key_of[m]] for m in rows["mode"]], dtype=pl.String))
+    frames = []
+    for (mode, key), run_ids in parts.items():
+        part = trials.filter(pl.col("mode").is_in(NON_DRAFTING_MODES) | ((pl.col("mode") == mode) & pl.col("run_id").is_in(run_ids)))
+        rows = summary(engine, n_boot=n_boot, seed=seed, by_domain=False, trials=part).filter(pl.col("mode") == mode)
+        frames.append(rows.with_columns(pl.lit(shown[key], dtype=pl.String).alias("options")))
+    return pl.concat(frames)
 
 
 def parse_names(pairs: list[str]) -> dict[str, str]:
