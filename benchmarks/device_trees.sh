@@ -32,6 +32,7 @@ heads=${HEADS:-/root/ship/data/heads}
 keep=${KEEP:-/root}
 mkdir -p "$keep"  # (a KEEP not made yet lost the fifty-first round's 16-prompt sweep log to tee -a)
 export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/ptx_cache.sh" use  # MLX's kernels compiled in an earlier call or session, where kept
 case $name in
   qwen15) model=/root/ship/qwen15/qwen2.5-coder-1.5b-q4-bfloat16 ;;
   qwen05) model=/root/ship/qwen05/qwen2.5-coder-0.5b-q4-bfloat16 ;;

@@ -47,12 +47,16 @@ if [ "$name" = trees ]; then
   [ -d .device/mlx/p00 ] || bash "${MLX_KIT:-../shared/device/mlx-kit.sh}"
   [ "$(git branch --show-current)" = device-slim ] || bash benchmarks/slim_checkout.sh on
   bash benchmarks/ship_parts.sh --recut mlx
-  bash benchmarks/ship_parts.sh data -C "$work/trees" heads
+  # MLX's compiled kernels from an earlier session (benchmarks/ptx_cache.sh keep), to skip the warm-ups
+  rm -rf "$work/trees/ptx" && mkdir -p "$work/trees/ptx"
+  cp "${PTX_KEEP:-$HOME/.cache/dspark-lab/ptx}"/ptx_cache-*.tgz "$work/trees/ptx/" 2>/dev/null || echo "no kept ptx cache: the device compiles its kernels afresh"
+  bash benchmarks/ship_parts.sh data -C "$work/trees" heads ptx
   bash benchmarks/ship_parts.sh qwen15 -C "$models" qwen2.5-coder-1.5b-q4-bfloat16
   bash benchmarks/ship_parts.sh qwen05 -C "$models" qwen2.5-coder-0.5b-q4-bfloat16
   echo "ready: ship .device/mlx, .device/data, .device/qwen15 and .device/qwen05 part by part (one device call each;"
   echo "the first call alone, to start a machine: a batch sent before one answers is refused call by call, each costing device time);"
-  echo "then OUT=\$OUT bash benchmarks/h200_trees.sh qwen15 (one call) and qwen05 (another); 'slim_checkout.sh off' after the last call"
+  echo "then OUT=\$OUT bash benchmarks/h200_trees.sh qwen15 (one call) and qwen05 (another); 'slim_checkout.sh off' after the last call;"
+  echo "in each call 'source benchmarks/ptx_cache.sh use' after activate, and 'bash benchmarks/ptx_cache.sh save' in the last (then 'keep' here)"
   exit 0
 fi
 

@@ -1,7 +1,7 @@
 """Whether the pipelined loop's rounds wait on the host or on the device.
 
     python benchmarks/round_host_time.py --model DIR --head DIR [--caps 7] [--tree-nodes 0,15] [--prompts 2] [--max-new-tokens 128]
-        [--launch-kernels] [--head-bits 4]
+        [--launch-kernels] [--head-bits 4] [--primitives]
 
 The pipelined loops (engine/pipeline.py, engine/tree_pipeline.py) build round r+1 while the device
 computes round r, then read round r's verdict. If building a round takes the host longer than the
@@ -19,15 +19,22 @@ chooses there (Target.use_launch_kernels), and plain decoding is the compiled on
 them too, as `generate --mode baseline` runs it; its own hand-over is timed a step (fifty-first round:
 a chain round launches 1.16x that step's kernels yet costs about 1.5x its time). --head-bits: the
 head's products at 4 bits (the engine's default) or 16 (float; what this script loaded before).
+--primitives: after the timing, count the MLX primitives (graph nodes, views included) in what each
+step and round hands to mx.async_eval, by name: MLX's CUDA backend spends its host time per primitive
+evaluated, kernel or not (fifty-second round: on an H200 a chain round's async_eval took 1.45x a
+compiled step's, where the census counts 1.16x its kernels).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import re
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,6 +49,15 @@ from dspark_lab.engine.text import encode_prompt  # noqa: E402
 from dspark_lab.lab.prompts import load_prompt_sets  # noqa: E402
 
 TIMES: dict[str, list[float]] = {"build": [], "read": [], "launch": []}
+GRAPHS: list[Counter] | None = None  # while counting: each async_eval's graph, primitives by name
+NODE = re.compile(r'\[label ="([^"]+)", shape=rectangle\]')  # a primitive in mx.export_to_dot's output
+
+
+def primitives(*outputs) -> Counter:
+    """The primitives in the unevaluated graph behind `outputs`, by name."""
+    buf = io.StringIO()
+    mx.export_to_dot(buf, *outputs)
+    return Counter(NODE.findall(buf.getvalue()))
 
 
 def _timed(name: str, fn):
@@ -64,7 +80,28 @@ def instrument() -> None:
     pipeline.InFlight.read = _timed("read", read)
     # Inside a build, the lazy graph's hand-over to the device (encoding and launching its kernels),
     # apart from the Python that builds the graph.
-    mx.async_eval = _timed("launch", mx.async_eval)
+    launch = _timed("launch", mx.async_eval)
+
+    def counted(*outputs):
+        if GRAPHS is not None:
+            GRAPHS.append(primitives(*outputs))
+        return launch(*outputs)
+
+    mx.async_eval = counted
+
+
+def census(fn) -> Counter:
+    """The median graph fn's steps or rounds hand to async_eval (the prefill's and the first
+    build's left out), primitives by name."""
+    global GRAPHS
+    GRAPHS = []
+    try:
+        fn()
+        graphs = GRAPHS[2:]
+    finally:
+        GRAPHS = None
+    mid = sorted(graphs, key=lambda c: sum(c.values()))[len(graphs) // 2]
+    return mid
 
 
 def main() -> None:
@@ -78,6 +115,7 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="load the target in this precision (float32 on a CPU)")
     ap.add_argument("--launch-kernels", action="store_true", help="the three launch kernels and the compiled one-row step (CUDA)")
     ap.add_argument("--head-bits", type=int, default=4, choices=(4, 16))
+    ap.add_argument("--primitives", action="store_true", help="count each step's and round's primitives by name (after the timing)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     target, tok = load_target(a.model, dtype=a.dtype)
@@ -135,8 +173,20 @@ def main() -> None:
               f"read {statistics.median(r['read_ms'] for r in rows):.2f}; greedy step "
               f"{statistics.median(r['greedy_ms_per_token'] for r in rows):.2f} ms "
               f"(launching {statistics.median(r['greedy_launch_ms'] for r in rows):.2f})", flush=True)
+    counts = {}
+    if a.primitives:
+        ids = encode_prompt(tok, prompts[0].as_input())
+        counts["greedy"] = census(lambda: greedy(ids, 24))
+        for cap, nodes in arms:
+            counts[f"cap {cap} {'chain' if not nodes else f'tree {nodes}'}"] = census(lambda: run(ids, cap, nodes, 48))
+        names = sorted({n for c in counts.values() for n in c}, key=lambda n: -max(c[n] for c in counts.values()))
+        print("primitives a step or round (median graph handed to async_eval), by name:", flush=True)
+        print("".join(f"{k:>18}" for k in counts) + "  primitive", flush=True)
+        print("".join(f"{sum(c.values()):>18}" for c in counts.values()) + "  all", flush=True)
+        for n in names:
+            print("".join(f"{c[n]:>18}" for c in counts.values()) + f"  {n}", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps(report, indent=1))
+        Path(a.json).write_text(json.dumps({"rows": report, "primitives": counts} if counts else report, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,87 @@
+"""What one MLX primitive costs the host to hand to the device, by kind.
+
+    python benchmarks/primitive_cost.py [--count 256] [--repeats 20] [--json OUT]
+
+The pipelined rounds are bound by the host (docs/performance.md, forty-eighth and fifty-second
+rounds): the round's `mx.async_eval` takes most of it, and MLX's CUDA backend spends that time per
+primitive it evaluates (allocating outputs, recording a kernel node, tracking buffers), kernel or
+not. Which primitives cost most decides what to cut from a round. This builds, for each kind, a
+chain of --count primitives of that kind on a small array (nothing else in the graph), and times
+building the chain (Python), `mx.async_eval` of its end (the host's hand-over), and the wait for
+the device after it (whatever the device has left). Per primitive, median of --repeats, after
+warm-ups. Kinds: an elementwise add (one kernel), reshapes and transposes (views, no kernel),
+a one-row 4-bit product (MLX's matrix-vector kernel), and on CUDA a custom kernel through
+mx.fast.cuda_kernel (an elementwise copy: the engine's kernels go through the same path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+
+def _chains(n: int) -> dict:
+    """kind -> (start array, one link: array -> array)."""
+    x = mx.random.normal((8, 128)).astype(mx.bfloat16)
+    w, scales, biases = mx.quantize(mx.random.normal((128, 128)).astype(mx.bfloat16), group_size=64, bits=4)
+    row = x[:1]
+    chains = {
+        "add": (x, lambda a: a + 1),
+        "reshape": (x, lambda a: a.reshape(16, 64) if a.shape[0] == 8 else a.reshape(8, 128)),
+        "transpose": (x, lambda a: a.T),
+        "qmv (1 row, 4-bit)": (row, lambda a: mx.quantized_matmul(a, w, scales, biases, transpose=True, group_size=64, bits=4)),
+    }
+    if hasattr(mx, "cuda") and mx.cuda.is_available():
+        kernel = mx.fast.cuda_kernel(name="primitive_cost_copy", input_names=["a"], output_names=["o"],
+                                     source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_size) o[i] = a[i];")
+
+        def custom(a):
+            return kernel(inputs=[a], output_shapes=[a.shape], output_dtypes=[a.dtype], grid=(a.size, 1, 1),
+                          threadgroup=(256, 1, 1))[0]
+
+        chains["custom kernel"] = (x, custom)
+    mx.eval([w, scales, biases, x])
+    return chains
+
+
+def time_chain(start: mx.array, link, n: int) -> tuple[float, float, float]:
+    """(build, async_eval, wait) seconds for a chain of n links after `start`."""
+    t0 = time.perf_counter()
+    a = start
+    for _ in range(n):
+        a = link(a)
+    t1 = time.perf_counter()
+    mx.async_eval(a)
+    t2 = time.perf_counter()
+    mx.eval(a)
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--count", type=int, default=256, help="primitives in each chain")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    print(f"mlx {mx.__version__} on {mx.default_device()}", flush=True)
+    report = {}
+    for kind, (start, link) in _chains(a.count).items():
+        for _ in range(3):
+            time_chain(start, link, a.count)  # warm-ups: kernels compiled, buffers cached
+        runs = [time_chain(start, link, a.count) for _ in range(a.repeats)]
+        build, launch, wait = (statistics.median(r[i] for r in runs) / a.count * 1e6 for i in range(3))
+        report[kind] = {"build_us": build, "async_eval_us": launch, "wait_us": wait}
+        print(f"{kind:>20}: build {build:6.2f} us, async_eval {launch:6.2f} us, then waiting {wait:6.2f} us a primitive", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
