@@ -9,7 +9,7 @@
 # warm-ups again, never a wrong result (MLX names each file by the kernel it compiled).
 #
 # On the GPU machine, after `source /root/ship/mlx/activate`:
-#   source benchmarks/ptx_cache.sh use      sets MLX_PTX_CACHE_DIR, seeded from /root/ship/data/ptx
+#   source benchmarks/ptx_cache.sh use      sets MLX_PTX_CACHE_DIR (under /root/ptx), seeded from /root/ship/data/ptx
 #                                            (what prepare_device_session.sh trees shipped) once
 #   bash benchmarks/ptx_cache.sh save       packs the cache into $OUT/ptx_cache.tgz (last call)
 # On this machine:
@@ -17,21 +17,22 @@
 #                                            (prepare_device_session.sh trees ships it in the data part)
 # (No `set -u`: `use` is sourced into the caller's shell.)
 keep_dir=${PTX_KEEP:-$HOME/.cache/dspark-lab/ptx}
+ship=${SHIP_ROOT:-/root/ship}  # where the device's recv.sh unpacks what was shipped
 version() {  # MLX's version from the shipped wheel's name (no import: this runs before any Python)
-  local whl; whl=$(ls /root/ship/mlx/mlx-[0-9]*.whl 2>/dev/null | head -1)
+  local whl; whl=$(ls "$ship"/mlx/mlx-[0-9]*.whl 2>/dev/null | head -1)
   basename "${whl:-mlx-unknown-}" | cut -d- -f2
 }
 case ${1:-} in
   use)
-    export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-/root/ptx/$(version)}
+    export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-${PTX_ROOT:-/root/ptx}/$(version)}
     mkdir -p "$MLX_PTX_CACHE_DIR"
-    if [ ! -e "$MLX_PTX_CACHE_DIR/.seeded" ] && [ -f "/root/ship/data/ptx/ptx_cache-$(version).tgz" ]; then
-      tar xzf "/root/ship/data/ptx/ptx_cache-$(version).tgz" -C "$MLX_PTX_CACHE_DIR" && touch "$MLX_PTX_CACHE_DIR/.seeded"
+    if [ ! -e "$MLX_PTX_CACHE_DIR/.seeded" ] && [ -f "$ship/data/ptx/ptx_cache-$(version).tgz" ]; then
+      tar xzf "$ship/data/ptx/ptx_cache-$(version).tgz" -C "$MLX_PTX_CACHE_DIR" && touch "$MLX_PTX_CACHE_DIR/.seeded"
       echo "ptx cache: $(ls "$MLX_PTX_CACHE_DIR" | grep -c '\.ptx$') kernels seeded into $MLX_PTX_CACHE_DIR"
     fi
     ;;
   save)
-    dir=${MLX_PTX_CACHE_DIR:-/root/ptx/$(version)}
+    dir=${MLX_PTX_CACHE_DIR:-${PTX_ROOT:-/root/ptx}/$(version)}
     [ -d "$dir" ] || { echo "no ptx cache at $dir (was 'source benchmarks/ptx_cache.sh use' run?)" >&2; exit 1; }
     tar czf "${OUT:?set OUT}/ptx_cache-$(version).tgz" -C "$dir" --exclude=.seeded .
     echo "ptx cache: $(ls "$dir" | grep -c '\.ptx$') kernels, $(du -k "$OUT/ptx_cache-$(version).tgz" | cut -f1) kB packed"

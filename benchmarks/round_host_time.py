@@ -19,7 +19,7 @@ chooses there (Target.use_launch_kernels), and plain decoding is the compiled on
 them too, as `generate --mode baseline` runs it; its own hand-over is timed a step (fifty-first round:
 a chain round launches 1.16x that step's kernels yet costs about 1.5x its time). --head-bits: the
 head's products at 4 bits (the engine's default) or 16 (float; what this script loaded before).
---primitives: after the timing, count the MLX primitives (graph nodes, views included) in what each
+--primitives: after the warm-ups and before the timing, count the MLX primitives (graph nodes, views included) in what each
 step and round hands to mx.async_eval, by name: MLX's CUDA backend spends its host time per primitive
 evaluated, kernel or not (fifty-second round: on an H200 a chain round's async_eval took 1.45x a
 compiled step's, where the census counts 1.16x its kernels).
@@ -104,7 +104,7 @@ def census(fn) -> Counter:
     return mid
 
 
-def main() -> None:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--head", required=True)
@@ -115,9 +115,9 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="load the target in this precision (float32 on a CPU)")
     ap.add_argument("--launch-kernels", action="store_true", help="the three launch kernels and the compiled one-row step (CUDA)")
     ap.add_argument("--head-bits", type=int, default=4, choices=(4, 16))
-    ap.add_argument("--primitives", action="store_true", help="count each step's and round's primitives by name (after the timing)")
+    ap.add_argument("--primitives", action="store_true", help="count each step's and round's primitives by name (before the timing)")
     ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     target, tok = load_target(a.model, dtype=a.dtype)
     if cuda_available():
         from dspark_lab.engine.rows_kernel import quantized_rows_matmul
@@ -145,6 +145,18 @@ def main() -> None:
     greedy(warm, 32)
     for cap, nodes in arms:
         run(warm, cap, nodes, 32)
+    counts = {}
+    if a.primitives:
+        ids = encode_prompt(tok, prompts[0].as_input())
+        counts["greedy"] = census(lambda: greedy(ids, 24))
+        for cap, nodes in arms:
+            counts[f"cap {cap} {'chain' if not nodes else f'tree {nodes}'}"] = census(lambda: run(ids, cap, nodes, 48))
+        names = sorted({n for c in counts.values() for n in c}, key=lambda n: -max(c[n] for c in counts.values()))
+        print("primitives a step or round (median graph handed to async_eval; counted before the timing), by name:", flush=True)
+        print("".join(f"{k:>18}" for k in counts) + "  primitive", flush=True)
+        print("".join(f"{sum(c.values()):>18}" for c in counts.values()) + "  all", flush=True)
+        for n in names:
+            print("".join(f"{c[n]:>18}" for c in counts.values()) + f"  {n}", flush=True)
     report = []
     for p in prompts:
         ids = encode_prompt(tok, p.as_input())
@@ -173,20 +185,9 @@ def main() -> None:
               f"read {statistics.median(r['read_ms'] for r in rows):.2f}; greedy step "
               f"{statistics.median(r['greedy_ms_per_token'] for r in rows):.2f} ms "
               f"(launching {statistics.median(r['greedy_launch_ms'] for r in rows):.2f})", flush=True)
-    counts = {}
-    if a.primitives:
-        ids = encode_prompt(tok, prompts[0].as_input())
-        counts["greedy"] = census(lambda: greedy(ids, 24))
-        for cap, nodes in arms:
-            counts[f"cap {cap} {'chain' if not nodes else f'tree {nodes}'}"] = census(lambda: run(ids, cap, nodes, 48))
-        names = sorted({n for c in counts.values() for n in c}, key=lambda n: -max(c[n] for c in counts.values()))
-        print("primitives a step or round (median graph handed to async_eval), by name:", flush=True)
-        print("".join(f"{k:>18}" for k in counts) + "  primitive", flush=True)
-        print("".join(f"{sum(c.values()):>18}" for c in counts.values()) + "  all", flush=True)
-        for n in names:
-            print("".join(f"{c[n]:>18}" for c in counts.values()) + f"  {n}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"rows": report, "primitives": counts} if counts else report, indent=1))
+    return {"rows": report, "primitives": counts}
 
 
 if __name__ == "__main__":
