@@ -9,9 +9,11 @@ not. Which primitives cost most decides what to cut from a round. This builds, f
 chain of --count primitives of that kind on a small array (nothing else in the graph), and times
 building the chain (Python), `mx.async_eval` of its end (the host's hand-over), and the wait for
 the device after it (whatever the device has left). Per primitive, median of --repeats, after
-warm-ups. Kinds: an elementwise add (one kernel), reshapes and transposes (views, no kernel),
-a one-row 4-bit product (MLX's matrix-vector kernel), and on CUDA a custom kernel through
-mx.fast.cuda_kernel (an elementwise copy: the engine's kernels go through the same path).
+warm-ups. Kinds: an elementwise add (one kernel), a dtype conversion (a copy kernel), reshapes
+and transposes (views, no kernel), a compiled function of four elementwise operations (one fused
+kernel), MLX's fast RMS norm, a one-row 4-bit product (MLX's matrix-vector kernel), and on CUDA
+custom kernels through mx.fast.cuda_kernel with one and four inputs (the engine's kernels go
+through the same path).
 """
 
 from __future__ import annotations
@@ -30,10 +32,15 @@ def _chains(n: int) -> dict:
     x = mx.random.normal((8, 128)).astype(mx.bfloat16)
     w, scales, biases = mx.quantize(mx.random.normal((128, 128)).astype(mx.bfloat16), group_size=64, bits=4)
     row = x[:1]
+    norm = mx.ones((128,), dtype=mx.bfloat16)
+    fused = mx.compile(lambda a: ((a + 1) * 2 - 1) * 0.5)  # four elementwise operations, one fused kernel
     chains = {
         "add": (x, lambda a: a + 1),
+        "astype (a copy)": (x, lambda a: a.astype(mx.float32) if a.dtype == mx.bfloat16 else a.astype(mx.bfloat16)),
         "reshape": (x, lambda a: a.reshape(16, 64) if a.shape[0] == 8 else a.reshape(8, 128)),
         "transpose": (x, lambda a: a.T),
+        "compiled, 4 ops fused": (x, fused),
+        "rms_norm (fast)": (x, lambda a: mx.fast.rms_norm(a, norm, 1e-6)),
         "qmv (1 row, 4-bit)": (row, lambda a: mx.quantized_matmul(a, w, scales, biases, transpose=True, group_size=64, bits=4)),
     }
     if hasattr(mx, "cuda") and mx.cuda.is_available():
@@ -45,6 +52,16 @@ def _chains(n: int) -> dict:
                           threadgroup=(256, 1, 1))[0]
 
         chains["custom kernel"] = (x, custom)
+        wide = mx.fast.cuda_kernel(name="primitive_cost_copy4", input_names=["a", "b", "c", "d"], output_names=["o"],
+                                   source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_size) o[i] = a[i] + b[0] + c[0] + d[0];")
+        extra = [mx.zeros((1,), dtype=mx.bfloat16) for _ in range(3)]
+
+        def custom4(a):
+            return wide(inputs=[a, *extra], output_shapes=[a.shape], output_dtypes=[a.dtype], grid=(a.size, 1, 1),
+                        threadgroup=(256, 1, 1))[0]
+
+        chains["custom kernel, 4 inputs"] = (x, custom4)
+        mx.eval(extra)
     mx.eval([w, scales, biases, x])
     return chains
 
