@@ -19,10 +19,10 @@ chooses there (Target.use_launch_kernels), and plain decoding is the compiled on
 them too, as `generate --mode baseline` runs it; its own hand-over is timed a step (fifty-first round:
 a chain round launches 1.16x that step's kernels yet costs about 1.5x its time). --head-bits: the
 head's products at 4 bits (the engine's default) or 16 (float; what this script loaded before).
---primitives: after the warm-ups and before the timing, count the MLX primitives (graph nodes, views included) in what each
-step and round hands to mx.async_eval, by name: MLX's CUDA backend spends its host time per primitive
-evaluated, kernel or not (fifty-second round: on an H200 a chain round's async_eval took 1.45x a
-compiled step's, where the census counts 1.16x its kernels).
+--primitives: after the warm-ups and before the timing, count the MLX primitives (graph nodes, views
+included) in what each step and round hands to mx.async_eval, by name: MLX's CUDA backend spends its
+host time per primitive evaluated, kernel or not (fifty-second round: on an H200 the 0.5B's chain
+round's async_eval took 1.48x a compiled step's; the 1.5B's census counted 1.16x the kernels).
 """
 
 from __future__ import annotations
