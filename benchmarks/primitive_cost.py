@@ -27,7 +27,7 @@ from pathlib import Path
 import mlx.core as mx
 
 
-def _chains(n: int) -> dict:
+def _chains() -> dict:
     """kind -> (start array, one link: array -> array)."""
     x = mx.random.normal((8, 128)).astype(mx.bfloat16)
     w, scales, biases = mx.quantize(mx.random.normal((128, 128)).astype(mx.bfloat16), group_size=64, bits=4)
@@ -88,7 +88,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     print(f"mlx {mx.__version__} on {mx.default_device()}", flush=True)
     report = {}
-    for kind, (start, link) in _chains(a.count).items():
+    for kind, (start, link) in _chains().items():
         for _ in range(3):
             time_chain(start, link, a.count)  # warm-ups: kernels compiled, buffers cached
         runs = [time_chain(start, link, a.count) for _ in range(a.repeats)]

@@ -22,20 +22,21 @@ version() {  # MLX's version from the shipped wheel's name (no import: this runs
   local whl; whl=$(ls "$ship"/mlx/mlx-[0-9]*.whl 2>/dev/null | head -1)
   basename "${whl:-mlx-unknown-}" | cut -d- -f2
 }
+ver=$(version)
+ptx_dir=${MLX_PTX_CACHE_DIR:-${PTX_ROOT:-/root/ptx}/$ver}  # (MLX's own default, under /tmp, would not say which cache it is)
 case ${1:-} in
   use)
-    export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-${PTX_ROOT:-/root/ptx}/$(version)}
+    export MLX_PTX_CACHE_DIR=$ptx_dir
     mkdir -p "$MLX_PTX_CACHE_DIR"
-    if [ ! -e "$MLX_PTX_CACHE_DIR/.seeded" ] && [ -f "$ship/data/ptx/ptx_cache-$(version).tgz" ]; then
-      tar xzf "$ship/data/ptx/ptx_cache-$(version).tgz" -C "$MLX_PTX_CACHE_DIR" && touch "$MLX_PTX_CACHE_DIR/.seeded"
+    if [ ! -e "$MLX_PTX_CACHE_DIR/.seeded" ] && [ -f "$ship/data/ptx/ptx_cache-$ver.tgz" ]; then
+      tar xzf "$ship/data/ptx/ptx_cache-$ver.tgz" -C "$MLX_PTX_CACHE_DIR" && touch "$MLX_PTX_CACHE_DIR/.seeded"
       echo "ptx cache: $(ls "$MLX_PTX_CACHE_DIR" | grep -c '\.ptx$') kernels seeded into $MLX_PTX_CACHE_DIR"
     fi
     ;;
   save)
-    dir=${MLX_PTX_CACHE_DIR:-${PTX_ROOT:-/root/ptx}/$(version)}
-    [ -d "$dir" ] || { echo "no ptx cache at $dir (was 'source benchmarks/ptx_cache.sh use' run?)" >&2; exit 1; }
-    tar czf "${OUT:?set OUT}/ptx_cache-$(version).tgz" -C "$dir" --exclude=.seeded .
-    echo "ptx cache: $(ls "$dir" | grep -c '\.ptx$') kernels, $(du -k "$OUT/ptx_cache-$(version).tgz" | cut -f1) kB packed"
+    [ -d "$ptx_dir" ] || { echo "no ptx cache at $ptx_dir (was 'source benchmarks/ptx_cache.sh use' run?)" >&2; exit 1; }
+    tar czf "${OUT:?set OUT}/ptx_cache-$ver.tgz" -C "$ptx_dir" --exclude=.seeded .
+    echo "ptx cache: $(ls "$ptx_dir" | grep -c '\.ptx$') kernels, $(du -k "$OUT/ptx_cache-$ver.tgz" | cut -f1) kB packed"
     ;;
   keep)
     f=${2:?usage: ptx_cache.sh keep FILE (a ptx_cache-VERSION.tgz a device call returned)}

@@ -28,9 +28,7 @@ round's async_eval took 1.48x a compiled step's; the 1.5B's census counted 1.16x
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import re
 import statistics
 import sys
 import time
@@ -38,6 +36,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mlx.core as mx  # noqa: E402
 
@@ -47,17 +46,10 @@ from dspark_lab.engine.drafters.load import load_dspark  # noqa: E402
 from dspark_lab.engine.kernels import cuda_available  # noqa: E402
 from dspark_lab.engine.text import encode_prompt  # noqa: E402
 from dspark_lab.lab.prompts import load_prompt_sets  # noqa: E402
+from op_count import count_ops  # noqa: E402  (the primitives behind arrays, by name)
 
 TIMES: dict[str, list[float]] = {"build": [], "read": [], "launch": []}
 GRAPHS: list[Counter] | None = None  # while counting: each async_eval's graph, primitives by name
-NODE = re.compile(r'\[label ="([^"]+)", shape=rectangle\]')  # a primitive in mx.export_to_dot's output
-
-
-def primitives(*outputs) -> Counter:
-    """The primitives in the unevaluated graph behind `outputs`, by name."""
-    buf = io.StringIO()
-    mx.export_to_dot(buf, *outputs)
-    return Counter(NODE.findall(buf.getvalue()))
 
 
 def _timed(name: str, fn):
@@ -84,7 +76,7 @@ def instrument() -> None:
 
     def counted(*outputs):
         if GRAPHS is not None:
-            GRAPHS.append(primitives(*outputs))
+            GRAPHS.append(count_ops(*outputs))
         return launch(*outputs)
 
     mx.async_eval = counted
@@ -100,8 +92,7 @@ def census(fn) -> Counter:
         graphs = GRAPHS[2:]
     finally:
         GRAPHS = None
-    mid = sorted(graphs, key=lambda c: sum(c.values()))[len(graphs) // 2]
-    return mid
+    return sorted(graphs, key=lambda c: sum(c.values()))[len(graphs) // 2]
 
 
 def main(argv=None) -> dict:
