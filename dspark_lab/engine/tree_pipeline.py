@@ -76,16 +76,20 @@ class DeviceTree:
 
     def __init__(self, nodes: int, depth: int, k: int = TREE_TOP_K):
         layout = TreeLayout.from_paths(superset_paths(nodes, depth, k))
-        anc = layout.ancestors()[1:, 1:]  # (S, S): each superset node's ancestors below the root, itself included
-        self.nodes, self.depth = min(nodes, len(layout) - 1), depth
+        anc = layout.ancestors()  # (S + 1, S + 1): node 0 the root, every node's ancestors, itself included
+        self.nodes, self.depth, self.k = min(nodes, len(layout) - 1), depth, k
         self.width = self.nodes + 1  # the verify's rows: the pending token, then the chosen nodes
-        self._depth = mx.array(layout.depth[1:], dtype=mx.int32)
-        self._rank = mx.array(layout.rank[1:], dtype=mx.int32)
-        self._parent = mx.array([p - 1 for p in layout.parent[1:]], dtype=mx.int32)  # -1: the root
-        self._anc = mx.array(anc)
-        penalty = anc.astype(np.float32) @ (np.array(layout.rank[1:], dtype=np.float32) + 1.0)
-        self._anc_f = mx.array(anc.astype(np.float32))
-        self._penalty = mx.array(TIE_BREAK * penalty)
+        # Constants of the trace, in the layout's numbering (the root 0, parents before children).
+        # A chosen node's token is `source[flat[node]]`, source = [pending, top flattened].
+        flat = [(d - 1) * k + r for d, r in zip(layout.depth[1:], layout.rank[1:])]  # each node's candidate in (depth, k) flattened
+        self._candidate = mx.array(flat, dtype=mx.int32)
+        self._flat = mx.array([0] + [f + 1 for f in flat], dtype=mx.int32)
+        self._depth = mx.array(layout.depth, dtype=mx.int32)
+        self._parent = mx.array(layout.parent, dtype=mx.int32)  # -1: the root's
+        self._anc = mx.array(anc.reshape(-1))  # flattened: one gather picks the chosen rows' and columns' crossing
+        self._anc_f = mx.array(anc[1:, 1:].astype(np.float32))  # the nodes' ancestors below the root
+        self._penalty = mx.array(TIE_BREAK * (anc[1:, 1:].astype(np.float32) @ (np.array(layout.rank[1:], dtype=np.float32) + 1.0)))
+        self._root = mx.zeros((1,), dtype=mx.int32)
         self.key = ("tree", nodes, depth, k)  # everything choose's arrays depend on (a compiled trace's key)
 
     @classmethod
@@ -101,21 +105,31 @@ class DeviceTree:
     def choose(self, pending: mx.array, top: mx.array, logp: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
         """From the head's (depth, k) candidates and log-probabilities: the tree's rows (ids: the
         pending token, then the chosen nodes in breadth-first order), each row's depth, its
-        ancestors (rows x rows, itself included) and its parent row (0 for the root). Lazy."""
-        node_logp = mx.maximum(logp[self._depth - 1, self._rank], LOGP_FLOOR)
+        ancestors (rows x rows, itself included) and its parent row (0 for the root). Lazy.
+
+        Written in few operations (each is a primitive the host hands to the device, and the
+        pipelined round is bound by that host work, docs/performance.md): every output is one
+        gather from a constant table at the chosen rows of the layout."""
+        if tuple(logp.shape) != (self.depth, self.k):
+            raise ValueError(f"the tree takes ({self.depth}, {self.k}) candidates, got {tuple(logp.shape)}")
+
+        def pick(table: mx.array, at: mx.array) -> mx.array:  # table[at] as one primitive (indexing adds views)
+            if at.ndim == 1:
+                return mx.take_along_axis(table, at, axis=0)
+            return mx.take_along_axis(table, at.reshape(-1), axis=0).reshape(at.shape)
+
+        node_logp = mx.maximum(pick(logp.reshape(-1), self._candidate), LOGP_FLOOR)
         score = self._anc_f @ node_logp - self._penalty
         chosen = mx.sort(mx.argsort(-score)[: self.nodes])  # ascending: parents before children
-        ids = mx.concatenate([pending.reshape(1), top[self._depth[chosen] - 1, self._rank[chosen]].astype(mx.uint32)])
-        depth = mx.concatenate([mx.zeros((1,), dtype=mx.int32), self._depth[chosen]])
-        sub = self._anc[chosen][:, chosen]
-        n = self.nodes
-        ancestors = mx.concatenate([mx.ones((n + 1, 1), dtype=mx.bool_),
-                                    mx.concatenate([mx.zeros((1, n), dtype=mx.bool_), sub], axis=0)], axis=1)
-        # Each chosen node's parent as a row of this tree: the superset parent's place among the chosen, plus the root row.
-        row_of = mx.zeros((self._depth.shape[0],), dtype=mx.int32).at[chosen].add(mx.arange(1, n + 1, dtype=mx.int32))
-        parent_superset = self._parent[chosen]
-        parent = mx.where(parent_superset < 0, 0, row_of[mx.maximum(parent_superset, 0)])
-        return ids, depth, ancestors, mx.concatenate([mx.zeros((1,), dtype=mx.int32), parent])
+        rows = mx.concatenate([self._root, chosen + 1])  # in the layout's numbering, the root first
+        source = mx.concatenate([pending.reshape(1).astype(mx.uint32), top.reshape(-1).astype(mx.uint32)])
+        ids = pick(source, pick(self._flat, rows))
+        width = self._depth.shape[0]
+        ancestors = pick(self._anc, rows[:, None] * width + rows[None, :])
+        # A node's parent row is the parent's place among the rows (sorted, and holding every
+        # chosen node's parent): how many rows come before it. The root's (-1): none, row 0.
+        parent = (rows[None, :] < pick(self._parent, rows)[:, None]).sum(axis=1).astype(mx.int32)
+        return ids, pick(self._depth, rows), ancestors, parent
 
     def with_branch(self, ids: mx.array, depth: mx.array, ancestors: mx.array, parent: mx.array, tokens: mx.array,
                     usable: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array, mx.array]:
