@@ -11,9 +11,10 @@ building the chain (Python), `mx.async_eval` of its end (the host's hand-over), 
 the device after it (whatever the device has left). Per primitive, median of --repeats, after
 warm-ups. Kinds: an elementwise add (one kernel), a dtype conversion (a copy kernel), reshapes
 and transposes (views, no kernel), a compiled function of four elementwise operations (one fused
-kernel), MLX's fast RMS norm, a one-row 4-bit product (MLX's matrix-vector kernel), and on CUDA
-custom kernels through mx.fast.cuda_kernel with one and four inputs (the engine's kernels go
-through the same path).
+kernel), MLX's fast RMS norm, 4-bit products of one row and of eight (MLX's kernels), and on CUDA
+custom kernels through mx.fast.cuda_kernel with one and four inputs and with a long source (the
+engine's kernels go through the same path), and the engine's rows kernel at eight rows (what a
+chain verify's products run instead of MLX's).
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ import statistics
 import time
 from pathlib import Path
 
-import mlx.core as mx
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
 
 
 def _chains() -> dict:
@@ -42,6 +47,7 @@ def _chains() -> dict:
         "compiled, 4 ops fused": (x, fused),
         "rms_norm (fast)": (x, lambda a: mx.fast.rms_norm(a, norm, 1e-6)),
         "qmv (1 row, 4-bit)": (row, lambda a: mx.quantized_matmul(a, w, scales, biases, transpose=True, group_size=64, bits=4)),
+        "qmm (8 rows, 4-bit)": (x, lambda a: mx.quantized_matmul(a, w, scales, biases, transpose=True, group_size=64, bits=4)),
     }
     if hasattr(mx, "cuda") and mx.cuda.is_available():
         kernel = mx.fast.cuda_kernel(name="primitive_cost_copy", input_names=["a"], output_names=["o"],
@@ -62,6 +68,21 @@ def _chains() -> dict:
 
         chains["custom kernel, 4 inputs"] = (x, custom4)
         mx.eval(extra)
+        # The same copy with 6 KB of comments: MLX hashes a custom kernel's whole source at every
+        # launch (to find its compiled module), and the engine's kernels run 2-7 KB.
+        padded = mx.fast.cuda_kernel(name="primitive_cost_copy_long", input_names=["a"], output_names=["o"],
+                                     source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_size) o[i] = a[i];\n"
+                                     + "// a comment that only makes the source longer\n" * 128)
+
+        def custom_long(a):
+            return padded(inputs=[a], output_shapes=[a.shape], output_dtypes=[a.dtype], grid=(a.size, 1, 1),
+                          threadgroup=(256, 1, 1))[0]
+
+        chains["custom kernel, 6 KB source"] = (x, custom_long)
+        from dspark_lab.engine.rows_kernel import quantized_rows_matmul
+
+        rows_matmul = quantized_rows_matmul()
+        chains["rows kernel (8 rows, 4-bit)"] = (x, lambda a: rows_matmul(a, w, scales, biases, group_size=64, bits=4))
     mx.eval([w, scales, biases, x])
     return chains
 
