@@ -31,7 +31,8 @@ def test_round_host_time_counts_each_arms_primitives(tiny_dirs, tmp_path):
 
 def test_primitive_cost_prices_each_kind():
     r = load_script("primitive_cost").main(["--count", "8", "--repeats", "2"])
-    assert set(r) == {"add", "astype (a copy)", "reshape", "transpose", "compiled, 4 ops fused", "rms_norm (fast)", "qmv (1 row, 4-bit)"}  # (custom kernels only on CUDA)
+    assert set(r) == {"add", "astype (a copy)", "reshape", "transpose", "compiled, 4 ops fused", "rms_norm (fast)", "qmv (1 row, 4-bit)",
+                      "qmm (8 rows, 4-bit)"}  # (custom kernels only on CUDA)
     assert all(v["async_eval_us"] > 0 and v["build_us"] > 0 for v in r.values())
 
 
