@@ -1,7 +1,7 @@
 """Whether the pipelined loop's rounds wait on the host or on the device.
 
     python benchmarks/round_host_time.py --model DIR --head DIR [--caps 7] [--tree-nodes 0,15] [--prompts 2] [--max-new-tokens 128]
-        [--launch-kernels] [--head-bits 4] [--primitives]
+        [--launch-kernels] [--head-bits 4] [--mlx-products] [--primitives]
 
 The pipelined loops (engine/pipeline.py, engine/tree_pipeline.py) build round r+1 while the device
 computes round r, then read round r's verdict. If building a round takes the host longer than the
@@ -106,11 +106,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default=None, help="load the target in this precision (float32 on a CPU)")
     ap.add_argument("--launch-kernels", action="store_true", help="the three launch kernels and the compiled one-row step (CUDA)")
     ap.add_argument("--head-bits", type=int, default=4, choices=(4, 16))
+    ap.add_argument("--mlx-products", action="store_true",
+                    help="keep MLX's own 4-bit products at every width (default on CUDA: the engine's rows kernel where it routes)")
     ap.add_argument("--primitives", action="store_true", help="count each step's and round's primitives by name (before the timing)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     target, tok = load_target(a.model, dtype=a.dtype)
-    if cuda_available():
+    if cuda_available() and not a.mlx_products:
         from dspark_lab.engine.rows_kernel import quantized_rows_matmul
 
         print(f"rows kernel: {target.route_quantized_rows(quantized_rows_matmul())} layers routed", flush=True)
