@@ -155,13 +155,13 @@ __device__ __forceinline__ void dspark_mma(float* d, unsigned a0, unsigned a1, u
 """
 
 # Template: M rows, C columns a block, BITS (4 or 8), GROUP (the quantization group), KSPLIT warps
-# a block (each a share of K). Inputs: x (M, K) bfloat16, row-contiguous; w (N, K * BITS / 32)
-# uint32; scales and biases (N, K / GROUP) bfloat16. Output: out (M, N) bfloat16. A kernel body is
+# a block (each a share of K). Inputs: x (..., K) bfloat16 of M rows, row-contiguous; w (N, K * BITS / 32)
+# uint32; scales and biases (N, K / GROUP) bfloat16. Output: out (..., N) bfloat16 (M rows). A kernel body is
 # _OPENING, a layout's loop over its share of K into acc, and _CLOSING (the fixed-order reduction).
 _OPENING = """
     constexpr int PER_WORD = 32 / BITS;
     constexpr unsigned MASK = (1u << BITS) - 1u;
-    const int K = x_shape[1];
+    const int K = x_shape[x_ndim - 1];
     const int N = w_shape[0];
     const int words = K / PER_WORD;
     const int groups = K / GROUP;
@@ -297,7 +297,7 @@ _SOURCE_WIDE = _OPENING + """
 # the rows beside it.
 _SOURCE_MMA = """
     constexpr int NT = (M + 7) / 8;  // tiles of 8 rows
-    const int K = x_shape[1];
+    const int K = x_shape[x_ndim - 1];
     const int N = w_shape[0];
     const int words = K / 8;
     const int groups = K / GROUP;
@@ -532,11 +532,14 @@ def quantized_rows_matmul(layout: str | None = None) -> Callable[..., mx.array]:
         rows, n = math.prod(lead), weight.shape[0]
         c, split = LAYOUTS[use].columns(rows), LAYOUTS[use].k_split(k, bits)
         blocks = -(-n // c)
-        (out,) = _kernel(use)(inputs=[x.reshape(rows, k), weight, scales, biases],
+        # x and out keep their leading dimensions (the kernel reads K off x's last one): a reshape
+        # before and after would be two more primitives for the host to hand over a product, about
+        # 200 a 0.5B chain round (docs/performance.md, fifty-third round).
+        (out,) = _kernel(use)(inputs=[x, weight, scales, biases],
                               template=[("M", rows), ("C", c), ("BITS", bits), ("GROUP", group_size), ("KSPLIT", split)],
                               grid=(blocks * WARP * split, 1, 1), threadgroup=(WARP * split, 1, 1),
-                              output_shapes=[(rows, n)], output_dtypes=[x.dtype])
-        return out.reshape(*lead, n)
+                              output_shapes=[(*lead, n)], output_dtypes=[x.dtype])
+        return out
 
     matmul.layout = layout
     return matmul
