@@ -51,7 +51,7 @@ def _chains() -> dict:
     }
     if hasattr(mx, "cuda") and mx.cuda.is_available():
         kernel = mx.fast.cuda_kernel(name="primitive_cost_copy", input_names=["a"], output_names=["o"],
-                                     source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_size) o[i] = a[i];")
+                                     source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_shape[0] * a_shape[1]) o[i] = a[i];")
 
         def custom(a):
             return kernel(inputs=[a], output_shapes=[a.shape], output_dtypes=[a.dtype], grid=(a.size, 1, 1),
@@ -59,7 +59,7 @@ def _chains() -> dict:
 
         chains["custom kernel"] = (x, custom)
         wide = mx.fast.cuda_kernel(name="primitive_cost_copy4", input_names=["a", "b", "c", "d"], output_names=["o"],
-                                   source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_size) o[i] = a[i] + b[0] + c[0] + d[0];")
+                                   source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_shape[0] * a_shape[1]) o[i] = a[i] + b[0] + c[0] + d[0];")
         extra = [mx.zeros((1,), dtype=mx.bfloat16) for _ in range(3)]
 
         def custom4(a):
@@ -71,7 +71,7 @@ def _chains() -> dict:
         # The same copy with 6 KB of comments: MLX hashes a custom kernel's whole source at every
         # launch (to find its compiled module), and the engine's kernels run 2-7 KB.
         padded = mx.fast.cuda_kernel(name="primitive_cost_copy_long", input_names=["a"], output_names=["o"],
-                                     source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_size) o[i] = a[i];\n"
+                                     source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_shape[0] * a_shape[1]) o[i] = a[i];\n"
                                      + "// a comment that only makes the source longer\n" * 128)
 
         def custom_long(a):
