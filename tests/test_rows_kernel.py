@@ -302,9 +302,16 @@ def test_rows_verdicts_are_stored_per_pair_and_policy_and_reused(quantized, tmp_
         # A verdict timed under another routing policy is not reused: the policy's widths are in its key.
         monkeypatch.setattr(rows_kernel, "CHAIN_VERIFY_ROWS", range(0))
         under_the_old_policy = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
+        monkeypatch.undo()
+        # Nor one measured on other kernel sources (an older kernel).
+        monkeypatch.setattr(rows_kernel, "SOURCE_DIGEST", "an-older-one")
+        on_older_sources = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
+        monkeypatch.undo()
+        still = choose_rows_kernel(target, db=db, candidate=row_by_row, model_id="tiny")
     finally:
         db.dispose()
     assert not first.reused and again.reused and not other.reused and not on_words.reused and not under_the_old_policy.reused
+    assert not on_older_sources.reused and still.reused
     assert again.to_dict() == first.to_dict()
 
 

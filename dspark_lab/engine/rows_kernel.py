@@ -32,6 +32,7 @@ through it only when asked (Target.route_quantized_rows).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass
@@ -473,6 +474,10 @@ LAYOUTS = {
 # 16 rows 4.50 against 6.01; its pipelined decoding measured no faster or slower side by side
 # (launch-bound).
 DEFAULT_LAYOUT = "mma"
+# What the kernels are, for the probe's stored verdicts (lab/kernel_probe.choose_rows_kernel keys by
+# it): a verdict was measured on these sources, and one measured on others (an older kernel) is
+# measured again instead of trusted.
+SOURCE_DIGEST = hashlib.sha256((_HEADER + "".join(spec.source for spec in LAYOUTS.values())).encode()).hexdigest()[:12]
 LAYOUT_VARIABLE = "DSPARK_LAB_ROWS_LAYOUT"  # names another layout for quantized_rows_matmul() (measuring it through the lab)
 
 

@@ -389,11 +389,12 @@ def choose_rows_kernel(target, *, db=None, reprobe: bool = False, candidate: Cal
                        model_id: str = "") -> KernelVerdict:
     """The stored verdict for the rows kernel on this machine and this pair (`model_id` names it),
     else a fresh probe (measure_rows_kernel), stored when `db` is given."""
-    from ..engine.rows_kernel import layout_in_force
+    from ..engine.rows_kernel import SOURCE_DIGEST, layout_in_force
 
     layout = layout_in_force()
+    # "source": the kernels' sources (a verdict on other sources, an older kernel, is measured again).
     options = {"rows": list(ROWS_CHECKED), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
-               "stage": "loop" if loop is not None else "check", "routes": _routed_widths(layout)}
+               "stage": "loop" if loop is not None else "check", "routes": _routed_widths(layout), "source": SOURCE_DIGEST}
     if candidate is None and layout != "words":  # a verdict on the words layout (all before) keeps its key
         options["layout"] = layout
     return _stored_or_measured("rows_kernel", options, model_id, db, reprobe, lambda: measure_rows_kernel(target, candidate, loop=loop))
