@@ -31,6 +31,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the engine's row
 import mlx.core as mx  # noqa: E402
 
 
+def _copy_link(name: str, body: str, extra: tuple[mx.array, ...] = ()):
+    """A chain link through mx.fast.cuda_kernel: an elementwise kernel over a 2-D `a` (then the
+    scalars `extra`, inputs b, c, d) whose `body` writes o[i]."""
+    names = ["a", "b", "c", "d"][: 1 + len(extra)]
+    kernel = mx.fast.cuda_kernel(name=name, input_names=names, output_names=["o"],
+                                 source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_shape[0] * a_shape[1]) " + body)
+
+    def link(a):
+        return kernel(inputs=[a, *extra], output_shapes=[a.shape], output_dtypes=[a.dtype], grid=(a.size, 1, 1),
+                      threadgroup=(256, 1, 1))[0]
+
+    return link
+
+
 def _chains() -> dict:
     """kind -> (start array, one link: array -> array)."""
     x = mx.random.normal((8, 128)).astype(mx.bfloat16)
@@ -49,35 +63,14 @@ def _chains() -> dict:
         "qmm (8 rows, 4-bit)": (x, lambda a: mx.quantized_matmul(a, w, scales, biases, transpose=True, group_size=64, bits=4)),
     }
     if hasattr(mx, "cuda") and mx.cuda.is_available():
-        kernel = mx.fast.cuda_kernel(name="primitive_cost_copy", input_names=["a"], output_names=["o"],
-                                     source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_shape[0] * a_shape[1]) o[i] = a[i];")
-
-        def custom(a):
-            return kernel(inputs=[a], output_shapes=[a.shape], output_dtypes=[a.dtype], grid=(a.size, 1, 1),
-                          threadgroup=(256, 1, 1))[0]
-
-        chains["custom kernel"] = (x, custom)
-        wide = mx.fast.cuda_kernel(name="primitive_cost_copy4", input_names=["a", "b", "c", "d"], output_names=["o"],
-                                   source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_shape[0] * a_shape[1]) o[i] = a[i] + b[0] + c[0] + d[0];")
-        extra = [mx.zeros((1,), dtype=mx.bfloat16) for _ in range(3)]
-
-        def custom4(a):
-            return wide(inputs=[a, *extra], output_shapes=[a.shape], output_dtypes=[a.dtype], grid=(a.size, 1, 1),
-                        threadgroup=(256, 1, 1))[0]
-
-        chains["custom kernel, 4 inputs"] = (x, custom4)
+        extra = tuple(mx.zeros((1,), dtype=mx.bfloat16) for _ in range(3))
         mx.eval(extra)
+        chains["custom kernel"] = (x, _copy_link("primitive_cost_copy", "o[i] = a[i];"))
+        chains["custom kernel, 4 inputs"] = (x, _copy_link("primitive_cost_copy4", "o[i] = a[i] + b[0] + c[0] + d[0];", extra))
         # The same copy with 6 KB of comments: MLX hashes a custom kernel's whole source at every
         # launch (to find its compiled module), and the engine's kernels run 2-7 KB.
-        padded = mx.fast.cuda_kernel(name="primitive_cost_copy_long", input_names=["a"], output_names=["o"],
-                                     source="auto i = blockIdx.x * blockDim.x + threadIdx.x; if (i < a_shape[0] * a_shape[1]) o[i] = a[i];\n"
-                                     + "// a comment that only makes the source longer\n" * 128)
-
-        def custom_long(a):
-            return padded(inputs=[a], output_shapes=[a.shape], output_dtypes=[a.dtype], grid=(a.size, 1, 1),
-                          threadgroup=(256, 1, 1))[0]
-
-        chains["custom kernel, 6 KB source"] = (x, custom_long)
+        chains["custom kernel, 6 KB source"] = (x, _copy_link("primitive_cost_copy_long", "o[i] = a[i];\n"
+                                                              + "// a comment that only makes the source longer\n" * 128))
         from dspark_lab.engine.rows_kernel import quantized_rows_matmul
 
         rows_matmul = quantized_rows_matmul()
