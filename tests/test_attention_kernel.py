@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dspark_lab.engine import attention_kernel
+from dspark_lab.engine import attention_kernel, cache_kernels
 
 
 def _numpy_attention(q, k, v, offset, scale):
@@ -185,6 +185,8 @@ def test_the_probe_checks_the_kernel_then_lets_draft_pipes_time_decide(head_dim_
     first = kernel_probe.choose_attention_kernel(drafter, db=db, candidate=stand_in, loop=(target, tok), model_id="pair")
     again = kernel_probe.choose_attention_kernel(drafter, db=db, candidate=stand_in, loop=(target, tok), model_id="pair")
     assert calls == [1] and not first.reused and again.reused and again.use == v.use
+    monkeypatch.setattr(attention_kernel, "SOURCE_DIGEST", "an-older-one")  # a verdict on other sources is measured again
+    assert not kernel_probe.choose_attention_kernel(drafter, db=db, candidate=stand_in, loop=(target, tok), model_id="pair").reused
     db.dispose()
 
 
@@ -324,6 +326,8 @@ def test_the_probe_times_plain_decoding_stepped_plainly_and_compiled_through_the
     first = kernel_probe.choose_greedy_step(target, tokenizer=tok, db=db, candidate=stand_in, model_id="m")
     again = kernel_probe.choose_greedy_step(target, tokenizer=tok, db=db, candidate=stand_in, model_id="m")
     assert calls == [1] and not first.reused and again.reused and again.use == v.use
+    monkeypatch.setattr(cache_kernels, "SOURCE_DIGEST", "an-older-one")  # the step runs the cache writer too
+    assert not kernel_probe.choose_greedy_step(target, tokenizer=tok, db=db, candidate=stand_in, model_id="m").reused
     db.dispose()
 
 
@@ -432,7 +436,7 @@ def _stand_ins():
     return attention_kernel.reference_rows_attention, cache_kernels.written_by_operations, cache_kernels.moved_by_operations
 
 
-def test_the_launch_kernels_probe_checks_the_stand_ins_then_lets_the_loop_decide(head_dim_32, tmp_path):
+def test_the_launch_kernels_probe_checks_the_stand_ins_then_lets_the_loop_decide(head_dim_32, tmp_path, monkeypatch):
     """Off CUDA the kernels are unavailable; the MLX stand-ins pass the check (attention of chains and
     trees against the reference, writes and moves bit for bit), the pipelined loop is timed both
     ways, the verdict is stored and reused, and the target is left as it was."""
@@ -456,6 +460,9 @@ def test_the_launch_kernels_probe_checks_the_stand_ins_then_lets_the_loop_decide
     try:
         first = kernel_probe.choose_launch_kernels(target, db=db, kernels=_stand_ins(), model_id="tiny")
         assert not first.reused and kernel_probe.choose_launch_kernels(target, db=db, kernels=_stand_ins(), model_id="tiny").reused
+        for module in (attention_kernel, cache_kernels):  # a verdict measured on other kernel sources is measured again
+            monkeypatch.setattr(module, "SOURCE_DIGEST", "an-older-one")
+            assert not kernel_probe.choose_launch_kernels(target, db=db, kernels=_stand_ins(), model_id="tiny").reused
     finally:
         db.dispose()
 

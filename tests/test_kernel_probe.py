@@ -55,7 +55,9 @@ def test_a_kernel_that_differs_or_fails_is_kept_out():
     assert not v.use and "failed to run" in v.reason and "nvrtc" in v.reason
 
 
-def test_verdicts_are_stored_and_reused(tmp_path):
+def test_verdicts_are_stored_and_reused(tmp_path, monkeypatch):
+    from dspark_lab.engine import kernels
+
     db = open_db(tmp_path / "k.duckdb")
     try:
         first = choose_lookup_kernel(db=db, candidate=reference)
@@ -63,6 +65,8 @@ def test_verdicts_are_stored_and_reused(tmp_path):
         assert not first.reused and again.reused and again.to_dict() == first.to_dict()
         assert not choose_lookup_kernel(db=db, candidate=reference, reprobe=True).reused
         assert not choose_lookup_kernel(db=db).reused  # "not available" is not stored: it costs nothing
+        monkeypatch.setattr(kernels, "SOURCE_DIGEST", "an-older-one")  # a verdict measured on other sources is measured again
+        assert not choose_lookup_kernel(db=db, candidate=reference).reused
     finally:
         db.dispose()
 

@@ -32,15 +32,16 @@ from typing import Callable
 
 import mlx.core as mx
 
-from .kernels import cuda_available
+from .kernels import cuda_available, source_digest
 
 MAX_ROWS = 32  # a tree's verify at most; more is a prefill
 WARPS = 8  # warps a block: each takes every 8th visible position
 
 # Template: D (head dim, a multiple of 32), GROUPS (query heads per key/value head), KV (key/value
 # heads), W (rows), WARPS. Inputs: q (1, H, W, D) bfloat16, read through its strides (the model's queries are a
-# transposed view: no copy); k, v (1, KV, T, D) bfloat16, row-contiguous; offset (1,) int32, the
-# first row's position; scale (1,) float32. Output: out (W, H, D) bfloat16, so that the model's
+# transposed view: no copy); k, v (1, KV, T, D) bfloat16, read through their strides too (the cache's
+# buffers, row-contiguous already: an mx.contiguous around them cost a primitive each, two a layer, for
+# the host to hand over and nothing to copy); offset (1,) int32, the first row's position; scale (1,) float32. Output: out (W, H, D) bfloat16, so that the model's
 # transpose back to rows-by-heads is contiguous and its reshape for o_proj needs no copy either.
 _SOURCE = """
     constexpr int PER_LANE = D / 32;
@@ -67,22 +68,23 @@ _SOURCE = """
     }
     float m = __int_as_float(0xff800000);  // -inf: no position seen yet
     float l = 0.0f;
-    const size_t base = (size_t)kv * T * D + lane * PER_LANE;
+    const __nv_bfloat16* kh = k + kv * k_strides[1] + lane * PER_LANE * k_strides[3];
+    const __nv_bfloat16* vh = v + kv * v_strides[1] + lane * PER_LANE * v_strides[3];
     for (int t = warp; t < visible; t += WARPS) {
         if (HIDDEN) continue;  // the same for every lane of the warp: the shuffle below stays whole
-        const __nv_bfloat16* kp = k + base + (size_t)t * D;
+        const __nv_bfloat16* kp = kh + t * k_strides[2];
         float s = 0.0f;
         #pragma unroll
-        for (int j = 0; j < PER_LANE; ++j) s = fmaf(qv[j], __bfloat162float(kp[j]), s);
+        for (int j = 0; j < PER_LANE; ++j) s = fmaf(qv[j], __bfloat162float(kp[j * k_strides[3]]), s);
         #pragma unroll
         for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
         const float m_new = fmaxf(m, s);
         const float keep = expf(m - m_new);
         const float p = expf(s - m_new);
         l = fmaf(l, keep, p);
-        const __nv_bfloat16* vp = v + base + (size_t)t * D;
+        const __nv_bfloat16* vp = vh + t * v_strides[2];
         #pragma unroll
-        for (int j = 0; j < PER_LANE; ++j) acc[j] = fmaf(acc[j], keep, p * __bfloat162float(vp[j]));
+        for (int j = 0; j < PER_LANE; ++j) acc[j] = fmaf(acc[j], keep, p * __bfloat162float(vp[j * v_strides[3]]));
         m = m_new;
     }
     if (lane == 0) {
@@ -112,6 +114,8 @@ _SOURCE = """
 # tree's first row and, among the tree's rows, those ancestors[r] marks (its ancestors and itself).
 _CHAIN = _SOURCE.replace("VISIBLE_END", "first + r + 1").replace("HIDDEN", "false")
 _TREE = _SOURCE.replace("VISIBLE_END", "first + W").replace("HIDDEN", "t >= first && !ancestors[r * W + (t - first)]")
+
+SOURCE_DIGEST = source_digest(_CHAIN, _TREE)  # what a stored verdict was measured on (lab/kernel_probe.py)
 
 _built: dict[str, object] = {}
 
@@ -152,8 +156,8 @@ def rows_attention() -> Callable[..., mx.array]:
                   ancestors: mx.array | None = None) -> mx.array:
         _, heads, rows, d = q.shape
         kv = k.shape[1]
-        # q as it comes (strided); the cache's buffers are row-contiguous already (no copy then)
-        inputs = [q, mx.contiguous(k), mx.contiguous(v), offset.reshape(1).astype(mx.int32), mx.array([scale], dtype=mx.float32)]
+        # q, k and v as they come: the kernel reads all three through their strides
+        inputs = [q, k, v, offset.reshape(1).astype(mx.int32), mx.array([scale], dtype=mx.float32)]
         kernel = _built["attention"]
         if ancestors is not None:
             kernel = _built["tree"]

@@ -13,9 +13,16 @@ and stores that verdict like calibration; the engine runs a kernel only when it 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Callable
 
 import mlx.core as mx
+
+def source_digest(*sources: str) -> str:
+    """A short digest of kernel sources. The probe (lab/kernel_probe.py) keys its stored verdicts by
+    it: a verdict measured on other sources (an older kernel) is measured again instead of trusted."""
+    return hashlib.sha256("".join(sources).encode()).hexdigest()[:12]
+
 
 THREADS = 512  # one thread block scans the token buffer, each thread every THREADS-th window
 
@@ -56,6 +63,7 @@ _NGRAM_SOURCE = """
         usable[tid] = start >= 0 && pos <= a;
     }
 """
+SOURCE_DIGEST = source_digest(_NGRAM_SOURCE)  # what a stored lookup verdict was measured on
 
 _built: dict[str, object] = {}
 

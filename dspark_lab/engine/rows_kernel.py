@@ -32,7 +32,6 @@ through it only when asked (Target.route_quantized_rows).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .compiled import MAX_WIDTH
-from .kernels import cuda_available
+from .kernels import cuda_available, source_digest
 
 MAX_ROWS = 32  # the most rows the kernel takes (a tree's verify); more is a prefill
 
@@ -477,7 +476,7 @@ DEFAULT_LAYOUT = "mma"
 # What the kernels are, for the probe's stored verdicts (lab/kernel_probe.choose_rows_kernel keys by
 # it): a verdict was measured on these sources, and one measured on others (an older kernel) is
 # measured again instead of trusted.
-SOURCE_DIGEST = hashlib.sha256((_HEADER + "".join(spec.source for spec in LAYOUTS.values())).encode()).hexdigest()[:12]
+SOURCE_DIGEST = source_digest(_HEADER, *(spec.source for spec in LAYOUTS.values()))
 LAYOUT_VARIABLE = "DSPARK_LAB_ROWS_LAYOUT"  # names another layout for quantized_rows_matmul() (measuring it through the lab)
 
 

@@ -216,8 +216,10 @@ def choose_lookup_kernel(*, db=None, reprobe: bool = False, candidate: Callable 
     """The stored verdict for the n-gram kernel on this machine (same device stamp) and, with
     `loop=(target, drafter, tokenizer)`, this pair (`model_id` names it in the key), else a fresh
     probe, stored when `db` is given (unavailable verdicts are not stored: they cost nothing)."""
+    from ..engine.kernels import SOURCE_DIGEST
+
     options = {"ns": list(LOOKUP_NS), "buffer": BUFFER, "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
-               "stage": "loop" if loop is not None else "match"}
+               "stage": "loop" if loop is not None else "match", "source": SOURCE_DIGEST}
     return _stored_or_measured("lookup_kernel", options, model_id if loop is not None else "", db, reprobe,
                                lambda: measure_lookup_kernel(candidate, loop=loop))
 
@@ -510,13 +512,23 @@ def choose_attention_kernel(draft_model, *, db=None, reprobe: bool = False, cand
                             loop: tuple | None = None, model_id: str = "") -> KernelVerdict:
     """The stored verdict for the one-row attention kernel on this machine and this pair
     (`model_id` names it), else a fresh probe (measure_attention_kernel), stored when `db` is given."""
+    from ..engine.attention_kernel import SOURCE_DIGEST
+
     options = {"offsets": list(ATTENTION_OFFSETS), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
-               "stage": "loop" if loop is not None else "check"}
+               "stage": "loop" if loop is not None else "check", "source": SOURCE_DIGEST}
     return _stored_or_measured("attention_kernel", options, model_id, db, reprobe,
                                lambda: measure_attention_kernel(draft_model, candidate, loop=loop))
 
 
 # --- plain decoding's one-row step, compiled, its attention through the kernel ---------------------
+
+def _launch_sources() -> str:
+    """The attention and cache kernels' sources, digested: the compiled step and the launch kernels
+    run both, so a verdict on either was measured on both."""
+    from ..engine import attention_kernel, cache_kernels
+
+    return f"{attention_kernel.SOURCE_DIGEST}-{cache_kernels.SOURCE_DIGEST}"
+
 
 def _greedy_step_ms(target, tokenizer, candidate, *, tokens: int, passes: int) -> tuple[float, float, None]:
     """(ms a token stepping plainly, ms a token with compiled steps whose attention goes through the
@@ -565,7 +577,7 @@ def choose_greedy_step(target, *, tokenizer=None, db=None, reprobe: bool = False
     # "writes": the compiled step writes its cache through the kernel since the forty-ninth round; a
     # verdict timed before (attention alone) is timed again.
     options = {"offsets": list(ATTENTION_OFFSETS), "mlx": mx.__version__, "candidate": getattr(candidate, "__name__", "cuda"),
-               "stage": "loop" if tokenizer is not None else "check", "writes": "kernel"}
+               "stage": "loop" if tokenizer is not None else "check", "writes": "kernel", "source": _launch_sources()}
     return _stored_or_measured("greedy_step", options, model_id, db, reprobe,
                                lambda: measure_greedy_step(target, candidate, tokenizer=tokenizer))
 
@@ -699,6 +711,6 @@ def choose_launch_kernels(target, *, db=None, reprobe: bool = False, kernels: tu
     """The stored verdict for the launch kernels on this machine and this pair (`model_id` names
     it), else a fresh probe (measure_launch_kernels), stored when `db` is given."""
     options = {"rows": list(LAUNCH_ROWS), "mlx": mx.__version__, "candidate": "stand-in" if kernels is not None else "cuda",
-               "stage": "loop" if loop is not None else "check"}
+               "stage": "loop" if loop is not None else "check", "source": _launch_sources()}
     return _stored_or_measured("launch_kernels", options, model_id, db, reprobe,
                                lambda: measure_launch_kernels(target, kernels, loop=loop))
