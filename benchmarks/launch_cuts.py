@@ -2,6 +2,7 @@
 
     python benchmarks/launch_cuts.py --model DIR --head DIR [--caps 7] [--tree-nodes 15]
         [--copies base,attn,attn+write,attn+write+move] [--prompts 3] [--max-new-tokens 128] [--json F]
+    python benchmarks/launch_cuts.py ... --copies attn+write+move,attn+write+move+views
 
 The pipelined loop is bound by the host's launching (docs/performance.md, forty-eighth round), and
 benchmarks/kernel_census.py counts what a round launches. Three cuts, each a setting of the target:
@@ -15,7 +16,12 @@ each layer's projections apart (as before the fiftieth round; loading now stacks
 drafters/load.stack_head_projections), `head4` at 4 bits (default: 16, the float weights; MLX's
 quantized products where a float head's go through cuBLAS), `head-mlx` keeps the head off the target's
 kernels (as in the fiftieth round's calls: the pipelined loops now hand the head the target's cache
-writer and attention route, ContextDrafter.use_kernels_of). Each copy of the target (the engine's
+writer and attention route, ContextDrafter.use_kernels_of). `views` puts back, around the engine's
+kernels, the no-op primitives the fifty-third and fifty-fourth rounds took out (a reshape before and
+after each rows-kernel product, an mx.contiguous around the cache's buffers at each attention and
+cache write: about 300 a 0.5B chain round, 96 a step): `attn+write+move` against
+`attn+write+move+views` times what those primitives cost the host, in one process (the
+fifty-fourth round's separate processes of one checkout differed by up to 25%). Each copy of the target (the engine's
 rows-kernel routing in all) is loaded apart with its own head; on each prompt (the first --prompts
 of code, math, chat) every copy decodes greedily (the plain step, and the compiled one-row step the
 cuts reach too), as the pipelined chain at each cap and as trees of each --tree-nodes as deep as the
@@ -59,6 +65,27 @@ def apply_cuts(target, cuts: set[str]) -> None:
         target.move_tree_paths_with(cache_move_kernel())
 
 
+def with_no_op_views(target) -> None:
+    """The `views` word: wrap the target's rows kernel, attention route and cache writer so that each
+    call hands MLX the no-op primitives it used to (see the module docstring); results unchanged."""
+    if target._routing is not None:
+        matmul, policy = target._routing
+
+        def reshaped(x, weight, scales, biases, **kw):
+            *lead, k = x.shape
+            return matmul(x.reshape(-1, k), weight, scales, biases, **kw).reshape(*lead, -1)
+
+        target.route_quantized_rows(reshaped, policy=policy)
+    route = target.attention_route
+    if route is not None:
+        kernel = route.kernel
+        target.route_attention(lambda q, k, v, offset, scale, **kw: kernel(q, mx.contiguous(k), mx.contiguous(v), offset, scale, **kw),
+                               policy=route.policy)
+    writer = target.cache_writer
+    if writer is not None:
+        target.write_cache_with(lambda keys, values, *rest: writer(mx.contiguous(keys), mx.contiguous(values), *rest))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -83,12 +110,15 @@ def main() -> None:
     head_words = {"split-head", "head4", "head-mlx"}
     for name in a.copies.split(","):
         words = set(name.split("+")) - {"base"}
-        unknown = words - head_words - {"attn", "write", "move"}
+        unknown = words - head_words - {"attn", "write", "move", "views"}
         if unknown:
-            raise SystemExit(f"unknown word(s) {sorted(unknown)} in copy {name!r}: use base, attn, write, move, split-head, head4, head-mlx")
+            raise SystemExit(f"unknown word(s) {sorted(unknown)} in copy {name!r}: use base, attn, write, move, views, split-head, "
+                             "head4, head-mlx")
         target, tok = load_target(a.model)
         target.route_quantized_rows(quantized_rows_matmul())
         apply_cuts(target, words - head_words)
+        if "views" in words:
+            with_no_op_views(target)
         head = load_dspark(a.head, target, bits=4 if "head4" in words else 16, stack_projections="split-head" not in words)
         if "head-mlx" in words:
             head.use_kernels_of = lambda target: None  # the loops' handover declined: MLX's operations
