@@ -538,7 +538,8 @@ def quantized_rows_matmul(layout: str | None = None) -> Callable[..., mx.array]:
         blocks = -(-n // c)
         # x and out keep their leading dimensions (the kernel reads K off x's last one): a reshape
         # before and after would be two more primitives for the host to hand over a product, about
-        # 200 a 0.5B chain round (docs/performance.md, fifty-third round).
+        # 200 a 0.5B chain round (docs/performance.md, fifty-third round). Views cost the host little;
+        # timed in separate processes the cut was neither faster nor slower (fifty-fourth round).
         (out,) = _kernel(use)(inputs=[x, weight, scales, biases],
                               template=[("M", rows), ("C", c), ("BITS", bits), ("GROUP", group_size), ("KSPLIT", split)],
                               grid=(blocks * WARP * split, 1, 1), threadgroup=(WARP * split, 1, 1),
