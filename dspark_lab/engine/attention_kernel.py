@@ -38,12 +38,13 @@ MAX_ROWS = 32  # a tree's verify at most; more is a prefill
 WARPS = 8  # warps a block: each takes every 8th visible position
 
 # Template: D (head dim, a multiple of 32), GROUPS (query heads per key/value head), KV (key/value
-# heads), W (rows), WARPS. Inputs: q (1, H, W, D) bfloat16, read through its strides (the model's queries are a
-# transposed view: no copy); k, v (1, KV, T, D) bfloat16, read through their strides too (the cache's
-# buffers, row-contiguous already: an mx.contiguous around them cost a primitive each, two a layer, for
-# the host to hand over and nothing to copy; timed in separate processes, neither faster nor slower,
-# docs/performance.md, fifty-fourth round); offset (1,) int32, the first row's position; scale (1,) float32. Output: out (W, H, D) bfloat16, so that the model's
-# transpose back to rows-by-heads is contiguous and its reshape for o_proj needs no copy either.
+# heads), W (rows), WARPS. Inputs: q (1, H, W, D) bfloat16, read through its strides (the model's
+# queries are a transposed view: no copy); k, v (1, KV, T, D) bfloat16, read through their strides
+# too (the cache's buffers, row-contiguous already: an mx.contiguous around them cost a primitive
+# each, two a layer, for the host to hand over and nothing to copy; timed in separate processes,
+# neither faster nor slower, docs/performance.md, fifty-fourth round); offset (1,) int32, the first
+# row's position; scale (1,) float32. Output: out (W, H, D) bfloat16, so that the model's transpose
+# back to rows-by-heads is contiguous and its reshape for o_proj needs no copy either.
 _SOURCE = """
     constexpr int PER_LANE = D / 32;
     const int T = k_shape[2];

@@ -18,6 +18,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+
 def source_digest(*sources: str) -> str:
     """A short digest of kernel sources. The probe (lab/kernel_probe.py) keys its stored verdicts by
     it: a verdict measured on other sources (an older kernel) is measured again instead of trusted."""
