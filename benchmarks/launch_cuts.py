@@ -21,8 +21,8 @@ kernels, the no-op primitives the fifty-third and fifty-fourth rounds took out (
 after each rows-kernel product, an mx.contiguous around the cache's buffers at each attention and
 cache write: about 300 a 0.5B chain round, 96 a step): `attn+write+move` against
 `attn+write+move+views` times what those primitives cost the host, in one process (the
-fifty-fourth round's separate processes of one checkout differed by up to 25%). Each copy of the target (the engine's
-rows-kernel routing in all) is loaded apart with its own head; on each prompt (the first --prompts
+fifty-fourth round's separate processes of one checkout differed by up to 25%). Each copy of the
+target (the engine's rows-kernel routing in all) is loaded apart with its own head; on each prompt (the first --prompts
 of code, math, chat) every copy decodes greedily (the plain step, and the compiled one-row step the
 cuts reach too), as the pipelined chain at each cap and as trees of each --tree-nodes as deep as the
 first cap, after a warm-up of every arm, each arm run in every copy in turn before the next arm.
