@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,19 +50,19 @@ def run_arms(out: Path, arms: dict[str, Path], envs: dict[str, dict], script: st
                 rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **envs.get(name, {})}).returncode
             print(f"process {i} ({name}): exit {rc}, {time.perf_counter() - t:.0f} s", flush=True)
             if rc == 0 and path.exists():
-                runs.append((name, json.loads(path.read_text())))
+                data = json.loads(path.read_text())  # round_host_time writes its rows alone without --primitives
+                runs.append((name, data if isinstance(data, dict) else {"rows": data}))
                 report(runs)
     return runs
 
 
 def summarize(runs: list[tuple[str, dict]]) -> dict:
-    """Per arm and (cap, nodes): the medians of TIMED over its processes' rows, and the primitives."""
+    """runs: (arm, {"rows": [...], "primitives"?: {...}}) a process. Per arm and (cap, nodes): the medians of TIMED over its processes' rows, and the primitives."""
     by_arm: dict[str, dict] = {}
     for name, data in runs:
-        rows = data["rows"] if isinstance(data, dict) else data
         arm = by_arm.setdefault(name, {"rows": [], "primitives": {}})
-        arm["rows"] += rows
-        if isinstance(data, dict) and data.get("primitives"):
+        arm["rows"] += data["rows"]
+        if data.get("primitives"):
             arm["primitives"] = {k: sum(v.values()) for k, v in data["primitives"].items()}
     summary = {}
     for name, arm in by_arm.items():
@@ -101,8 +101,8 @@ def main(argv=None) -> dict:
 
     def report(runs):
         summary = summarize(runs)
-        (out / "summary.json").write_text(json.dumps({"arms": summary, "env": envs, "processes": [
-            {"arm": name, **data} if isinstance(data, dict) else {"arm": name, "rows": data} for name, data in runs]}, indent=1))
+        (out / "summary.json").write_text(json.dumps({"arms": summary, "env": envs,
+                                                      "processes": [{"arm": name, **data} for name, data in runs]}, indent=1))
         return summary
 
     summary = report(run_arms(out, arms, envs, a.script, argv[split + 1:], report))
